@@ -1,0 +1,259 @@
+"""Keras layers for identity-parametrized residual networks (Hardt & Ma, 2017).
+
+Every residual unit here computes x + F(x) and is *exactly* the identity (or,
+where the shape changes, the parameter-free shortcut) when its last weight
+matrix is zero: the "identity parametrization" the paper studies. No layer
+normalises its input except `PreActivationUnit`, the batch-norm baseline.
+
+All layers are registered under the package name "identity_tf", so models
+containing them load with plain `keras.models.load_model`.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+PACKAGE = "identity_tf"
+INIT_SCHEMES = ("paper", "standard")
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ResidualInitializer(keras.initializers.Initializer):
+  """Zero-mean Gaussian weights scaled by the fan-out k^2 c.
+
+  For a k x k convolution kernel with c output channels (shape
+  [k, k, c_in, c]) or a dense kernel with c outputs (k = 1):
+
+  * "paper":    std = 1 / (k^2 c)        (Section 5: "a Gaussian with standard
+                                          deviation 1/(k^2 c)" -- much smaller
+                                          than usual, so every unit starts
+                                          near the identity);
+  * "standard": std = 1 / (k sqrt(c))    (the usual fan-out variance
+                                          1/(k^2 c), He et al. without the 2).
+  """
+
+  def __init__(self, scheme="paper", seed=None):
+    if scheme not in INIT_SCHEMES:
+      raise ValueError(
+          f"unknown init scheme {scheme!r}; valid: {', '.join(INIT_SCHEMES)}")
+    self.scheme = scheme
+    self.seed = seed
+
+  def stddev(self, shape):
+    fan_out = math.prod(shape[:-2]) * shape[-1] if len(shape) > 2 else shape[-1]
+    return 1.0 / fan_out if self.scheme == "paper" else 1.0 / math.sqrt(fan_out)
+
+  def __call__(self, shape, dtype=None):
+    return keras.random.normal(
+        shape, stddev=self.stddev(shape), dtype=dtype, seed=self.seed)
+
+  def get_config(self):
+    return {"scheme": self.scheme, "seed": self.seed}
+
+
+def shortcut(x, channels, strides):
+  """The parameter-free shortcut of a unit whose output has CHANNELS channels.
+
+  Identity when the shape is kept. Otherwise average pooling with the stride
+  and zero channels split evenly on both sides (the extra one, if odd, after),
+  as the 2016 tensorflow/models resnet does.
+  """
+  in_channels = x.shape[-1]
+  if strides > 1:
+    x = ops.average_pool(x, pool_size=strides, strides=strides, padding="same")
+  if channels != in_channels:
+    extra = channels - in_channels
+    x = ops.pad(x, [[0, 0], [0, 0], [0, 0], [extra // 2, extra - extra // 2]])
+  return x
+
+
+class _ConvUnitBase(keras.layers.Layer):
+  """Configuration shared by the two convolutional residual units."""
+
+  def __init__(self, filters, strides=1, use_bias=False,
+               kernel_initializer="paper", kernel_size=3, seed=None, **kwargs):
+    super().__init__(**kwargs)
+    if filters <= 0 or strides <= 0 or kernel_size <= 0:
+      raise ValueError(
+          f"{type(self).__name__} needs positive filters, strides and "
+          f"kernel_size; got {filters}, {strides}, {kernel_size}")
+    self.filters = int(filters)
+    self.strides = int(strides)
+    self.use_bias = bool(use_bias)
+    self.kernel_initializer = kernel_initializer
+    self.kernel_size = int(kernel_size)
+    self.seed = seed
+
+  def _conv(self, strides, seed_offset, name):
+    init = self.kernel_initializer
+    if init in INIT_SCHEMES:
+      seed = None if self.seed is None else self.seed + seed_offset
+      init = ResidualInitializer(init, seed=seed)
+    return keras.layers.Conv2D(
+        self.filters, self.kernel_size, strides=strides, padding="same",
+        use_bias=self.use_bias, kernel_initializer=init, name=name)
+
+  def _check_input(self, input_shape):
+    if input_shape[-1] > self.filters:
+      raise ValueError(
+          f"{self.name}: a residual unit cannot shrink {input_shape[-1]} "
+          f"channels to {self.filters}; use filters >= input channels")
+
+  def compute_output_shape(self, input_shape):
+    def out(n):
+      return None if n is None else -(-n // self.strides)
+    return (input_shape[0], out(input_shape[1]), out(input_shape[2]),
+            self.filters)
+
+  def get_config(self):
+    init = self.kernel_initializer
+    if not isinstance(init, str):
+      init = keras.initializers.serialize(init)
+    return {**super().get_config(), "filters": self.filters,
+            "strides": self.strides, "use_bias": self.use_bias,
+            "kernel_initializer": init, "kernel_size": self.kernel_size,
+            "seed": self.seed}
+
+  @classmethod
+  def from_config(cls, config):
+    init = config.get("kernel_initializer")
+    if isinstance(init, dict):
+      config = {**config,
+                "kernel_initializer": keras.initializers.deserialize(init)}
+    return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ConvResidualUnit(_ConvUnitBase):
+  """The paper's convolutional residual unit  x -> S(x) + C2(ReLU(C1 x)).
+
+  C1 is a k x k convolution to `filters` channels with stride `strides`, C2 a
+  k x k convolution with stride 1; S is `shortcut` (identity when the shape is
+  kept). No normalisation anywhere; biases only if `use_bias`. With C2 = 0 the
+  unit is exactly S: the identity parametrization of Section 5.
+  """
+
+  def build(self, input_shape):
+    self._check_input(input_shape)
+    self.conv1 = self._conv(self.strides, 0, "conv1")
+    self.conv2 = self._conv(1, 1, "conv2")
+    self.conv1.build(input_shape)
+    self.conv2.build(self.conv1.compute_output_shape(input_shape))
+
+  def call(self, x):
+    branch = self.conv2(ops.relu(self.conv1(x)))
+    return shortcut(x, self.filters, self.strides) + branch
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PreActivationUnit(_ConvUnitBase):
+  """The batch-norm baseline: the pre-activation unit of He et al. (2016).
+
+  x -> S(x) + C2(ReLU(BN(C1(ReLU(BN(x)))))), with the same parameter-free
+  shortcut S as `ConvResidualUnit`, as in the 2016 tensorflow/models resnet.
+  """
+
+  def build(self, input_shape):
+    self._check_input(input_shape)
+    self.bn1 = keras.layers.BatchNormalization(name="bn1")
+    self.conv1 = self._conv(self.strides, 0, "conv1")
+    self.bn2 = keras.layers.BatchNormalization(name="bn2")
+    self.conv2 = self._conv(1, 1, "conv2")
+    self.bn1.build(input_shape)
+    self.conv1.build(input_shape)
+    hidden = self.conv1.compute_output_shape(input_shape)
+    self.bn2.build(hidden)
+    self.conv2.build(hidden)
+
+  def call(self, x, training=None):
+    branch = self.conv1(ops.relu(self.bn1(x, training=training)))
+    branch = self.conv2(ops.relu(self.bn2(branch, training=training)))
+    return shortcut(x, self.filters, self.strides) + branch
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class DenseResidualUnit(keras.layers.Layer):
+  """The dense residual unit of Section 3:  h -> h + V ReLU(U h + b).
+
+  U, V are k x k matrices (k = the input width) and b in R^k. In Keras's
+  row-vector convention the kernels are stored transposed: the layer computes
+  h + relu(h @ U^T + b) @ V^T, and `set_matrices(U, V, b)` takes the paper's
+  U, V, b as written. With V = 0 the unit is the identity.
+  """
+
+  def __init__(self, kernel_initializer="paper", seed=None, **kwargs):
+    super().__init__(**kwargs)
+    self.kernel_initializer = kernel_initializer
+    self.seed = seed
+
+  def build(self, input_shape):
+    k = input_shape[-1]
+    init = self.kernel_initializer
+    seeds = (None, None) if self.seed is None else (self.seed, self.seed + 1)
+    inits = ([ResidualInitializer(init, seed=s) for s in seeds]
+             if init in INIT_SCHEMES else [init, init])
+    self.u_kernel = self.add_weight(
+        name="u_kernel", shape=(k, k), initializer=inits[0])
+    self.bias = self.add_weight(name="bias", shape=(k,), initializer="zeros")
+    self.v_kernel = self.add_weight(
+        name="v_kernel", shape=(k, k), initializer=inits[1])
+
+  def call(self, h):
+    hidden = ops.relu(ops.matmul(h, self.u_kernel) + self.bias)
+    return h + ops.matmul(hidden, self.v_kernel)
+
+  def set_matrices(self, u, v, b):
+    """Sets the paper's U, V (k x k, acting on column vectors) and b (k,)."""
+    self.u_kernel.assign(np.transpose(u))
+    self.v_kernel.assign(np.transpose(v))
+    self.bias.assign(b)
+
+  def compute_output_shape(self, input_shape):
+    return input_shape
+
+  def get_config(self):
+    return {**super().get_config(),
+            "kernel_initializer": self.kernel_initializer, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class RandomProjection(keras.layers.Layer):
+  """The final linear map to `units` classes, drawn once and never trained.
+
+  The kernel P in R^{d x units} has i.i.d. N(0, 1/units) entries drawn with
+  NumPy from `seed`, so the same seed gives the same P on any machine, and
+  E ||h P||^2 = ||h||^2: the projection preserves the feature norm in
+  expectation (the Johnson-Lindenstrauss scale). The paper fixes this layer
+  ("random projection (not trained)") so that all learning happens in the
+  residual units. It is a non-trainable weight: absent from
+  `trainable_weights`, untouched by `fit`, but saved in checkpoints and
+  `.keras` files like any other weight. `trainable=True` makes it an ordinary
+  trainable linear head (used by the batch-norm baseline).
+  """
+
+  def __init__(self, units, seed=0, trainable=False, **kwargs):
+    super().__init__(trainable=trainable, **kwargs)
+    if units <= 0:
+      raise ValueError(f"RandomProjection needs units > 0, got {units}")
+    self.units = int(units)
+    self.seed = int(seed)
+
+  def build(self, input_shape):
+    d = input_shape[-1]
+    rng = np.random.default_rng(self.seed)
+    matrix = rng.standard_normal((d, self.units)) / math.sqrt(self.units)
+    self.kernel = self.add_weight(
+        name="kernel", shape=(d, self.units),
+        initializer=keras.initializers.Constant(matrix.astype("float32")),
+        trainable=self.trainable)
+
+  def call(self, h):
+    return ops.matmul(h, ops.cast(self.kernel, h.dtype))
+
+  def compute_output_shape(self, input_shape):
+    return (*input_shape[:-1], self.units)
+
+  def get_config(self):
+    return {**super().get_config(), "units": self.units, "seed": self.seed}

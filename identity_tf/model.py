@@ -1,0 +1,162 @@
+"""The paper's networks, built from identity_tf.layers.
+
+`build_model(name, **options)` returns an uncompiled `keras.Model` mapping
+images to logits. Names:
+
+* `cifar10`, `cifar100` -- Table 1 of Hardt & Ma (2017): one 3x3 convolution
+  to 16 channels, then three stages of 9 `ConvResidualUnit`s at 64/128/256
+  channels with first strides 1/2/2, global average pooling over the final
+  8x8 map, and a frozen `RandomProjection` to the classes. 55 convolutions.
+* `imagenet` -- the paper's all-convolutional variant of the 34-layer ResNet
+  of He et al. (2016): 7x7/2 convolution to 64 channels, a 3x3/2 convolution
+  where He et al. max-pool, stages of 3/4/6/3 units at 64/128/256/512
+  channels, global average pooling, frozen projection to 1000 classes.
+* `resnet_bn` -- the baseline the paper compares against: the CIFAR widths and
+  depth with batch norm and the pre-activation unit of the 2016 resnet, the
+  standard initialisation and a trained linear head.
+
+No network here normalises anything unless `norm=True` (`resnet_bn`).
+"""
+
+import dataclasses
+import math
+
+import keras
+
+from identity_tf import layers
+
+# Table 1 / the 34-layer variant. `stem` lists the plain convolutions before
+# the residual stages as (kernel size, channels, stride).
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  stem: tuple
+  widths: tuple
+  units: tuple
+  strides: tuple
+  image_size: int
+
+
+CIFAR = Architecture(stem=((3, 16, 1),), widths=(64, 128, 256),
+                     units=(9, 9, 9), strides=(1, 2, 2), image_size=32)
+IMAGENET = Architecture(stem=((7, 64, 2), (3, 64, 2)),
+                        widths=(64, 128, 256, 512), units=(3, 4, 6, 3),
+                        strides=(1, 2, 2, 2), image_size=224)
+
+# name -> (architecture, default options)
+MODELS = {
+    "cifar10": (CIFAR, dict(classes=10)),
+    "cifar100": (CIFAR, dict(classes=100)),
+    "imagenet": (IMAGENET, dict(classes=1000)),
+    "resnet_bn": (CIFAR, dict(classes=10, norm=True, head="trainable",
+                              init="standard")),
+}
+DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
+                init="paper", seed=0, image_size=None, use_bias=False)
+HEADS = ("frozen", "trainable")
+
+
+def _check(condition, message):
+  if not condition:
+    raise ValueError(message)
+
+
+def resolve_options(name, **options):
+  """Validates NAME and OPTIONS; returns (architecture, complete options)."""
+  _check(name in MODELS,
+         f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
+  unknown = sorted(set(options) - set(DEFAULTS))
+  _check(not unknown, f"unknown option(s) {', '.join(unknown)} for "
+         f"build_model; valid: {', '.join(sorted(DEFAULTS))}")
+  arch, model_defaults = MODELS[name]
+  opts = {**DEFAULTS, **model_defaults,
+          **{k: v for k, v in options.items() if v is not None}}
+  units = opts["units"] if opts["units"] is not None else arch.units
+  if isinstance(units, int):
+    units = (units,) * len(arch.widths)
+  units = tuple(units)
+  _check(len(units) == len(arch.widths) and all(
+      isinstance(u, int) and u >= 1 for u in units),
+         f"units must be a positive integer or {len(arch.widths)} positive "
+         f"integers (one per stage), got {opts['units']!r}")
+  opts["units"] = units
+  _check(opts["width"] > 0,
+         f"width must be a positive multiplier (1.0 = the paper's widths), "
+         f"got {opts['width']!r}")
+  _check(isinstance(opts["classes"], int) and opts["classes"] >= 2,
+         f"classes must be an integer >= 2, got {opts['classes']!r}")
+  _check(opts["head"] in HEADS,
+         f"unknown head {opts['head']!r}; valid: {', '.join(HEADS)}")
+  _check(opts["init"] in layers.INIT_SCHEMES,
+         f"unknown init {opts['init']!r}; valid: "
+         f"{', '.join(layers.INIT_SCHEMES)}")
+  opts["image_size"] = opts["image_size"] or arch.image_size
+  _check(opts["image_size"] >= 8,
+         f"image_size must be at least 8, got {opts['image_size']}")
+  return arch, opts
+
+
+def _scaled(channels, width):
+  return max(1, int(round(channels * width)))
+
+
+def build_model(name, **options):
+  """Builds network NAME (see module docstring) with OPTIONS.
+
+  Options: classes (int), width (float multiplier of every width), units (int
+  or one int per stage), norm (bool: batch-norm pre-activation units), head
+  ("frozen" random projection or "trainable"), init ("paper" or "standard",
+  see `layers.ResidualInitializer`), seed (int: all initial weights and the
+  projection), image_size (int), use_bias (bool). Unset options take the
+  network's defaults. Raises ValueError naming the valid values.
+  """
+  arch, opts = resolve_options(name, **options)
+  seed, init = opts["seed"], opts["init"]
+  size = opts["image_size"]
+  inputs = keras.Input((size, size, 3), name="images")
+  x = inputs
+  for i, (kernel, channels, stride) in enumerate(arch.stem):
+    x = keras.layers.Conv2D(
+        _scaled(channels, opts["width"]), kernel, strides=stride,
+        padding="same", use_bias=opts["use_bias"],
+        kernel_initializer=layers.ResidualInitializer(init, seed=seed * 1000 + i),
+        name=f"stem{i + 1}")(x)
+  unit_class = layers.PreActivationUnit if opts["norm"] else layers.ConvResidualUnit
+  unit_seed = seed * 1000 + 10
+  for stage, (width, units, stride) in enumerate(
+      zip(arch.widths, opts["units"], arch.strides)):
+    for unit in range(units):
+      x = unit_class(
+          _scaled(width, opts["width"]), strides=stride if unit == 0 else 1,
+          use_bias=opts["use_bias"], kernel_initializer=init, seed=unit_seed,
+          name=f"stage{stage + 1}_unit{unit + 1}")(x)
+      unit_seed += 2
+  if opts["norm"]:
+    x = keras.layers.BatchNormalization(name="final_bn")(x)
+    x = keras.layers.ReLU(name="final_relu")(x)
+  x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+  logits = layers.RandomProjection(
+      opts["classes"], seed=seed, trainable=opts["head"] == "trainable",
+      name="projection")(x)
+  model = keras.Model(inputs, logits, name=name)
+  model.build_options = {"name": name, **opts, "units": list(opts["units"])}
+  return model
+
+
+def describe(model):
+  """Counts for a model: convolutions, trainable and non-trainable weights."""
+  def count(weights):
+    return sum(math.prod(w.shape) for w in weights)
+  return {
+      "convolutions": sum(1 for w in model.weights if len(w.shape) == 4),
+      "trainable_weights": count(model.trainable_weights),
+      # The frozen projection, plus batch-norm statistics in `resnet_bn`.
+      "non_trainable_weights": count(model.non_trainable_weights),
+  }
+
+
+def normalization_layers(model):
+  """Every normalisation layer inside MODEL, nested units included."""
+  norms = (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+           keras.layers.GroupNormalization, keras.layers.UnitNormalization)
+  return [layer for layer in model._flatten_layers(include_self=False)
+          if isinstance(layer, norms)]
