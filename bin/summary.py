@@ -1,0 +1,86 @@
+"""Prints a network's layer table and its totals.
+
+  bazel run //bin:summary -- --model=cifar10
+  bazel run //bin:summary -- --model=imagenet --width=0.5
+
+The table is Keras's (layer, output shape, parameters); the totals below it
+count the convolutions and the trainable and non-trainable weights (the frozen
+random projection, plus batch-norm statistics in `resnet_bn`).
+"""
+
+import math
+
+from absl import app
+from absl import flags
+
+import identity_tf
+from identity_tf import model as model_lib
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string(
+    "model", "cifar10", f"Network: one of {', '.join(sorted(model_lib.MODELS))}.")
+flags.DEFINE_integer("classes", None, "Number of classes (default: the network's).")
+flags.DEFINE_float("width", None, "Width multiplier (1.0 = the paper's widths).")
+flags.DEFINE_list("units", None,
+                  "Residual units per stage: one number for all, or one per stage.")
+flags.DEFINE_bool("norm", None, "Batch-norm pre-activation units (resnet_bn's).")
+flags.DEFINE_enum("head", None, list(model_lib.HEADS),
+                  "frozen random projection or trainable linear head.")
+flags.DEFINE_enum("init", None, ["paper", "standard"], "Initialisation scheme.")
+flags.DEFINE_integer("image_size", None, "Input height and width.")
+
+
+def model_options_from_flags():
+  """The build_model options the user set on the command line."""
+  units = FLAGS.units
+  if units is not None:
+    try:
+      units = [int(u) for u in units]
+    except ValueError:
+      raise ValueError(f"--units takes integers, got {','.join(units)}") from None
+    units = units[0] if len(units) == 1 else units
+  return dict(classes=FLAGS.classes, width=FLAGS.width, units=units,
+              norm=FLAGS.norm, head=FLAGS.head, init=FLAGS.init,
+              image_size=FLAGS.image_size)
+
+
+def _count(weights):
+  return sum(math.prod(w.shape) for w in weights)
+
+
+def print_layer_table(model):
+  """One row per layer and per layer inside a residual unit (plain text, so
+  it survives pipes and logs)."""
+  row = "{:<30} {:<22} {:<16} {:>12} {:>14}"
+  print(row.format("layer", "type", "output shape", "trainable", "non-trainable"))
+  print("-" * 98)
+  for layer in model.layers[1:]:
+    shape = "x".join(str(n) for n in layer.output.shape[1:])
+    print(row.format(layer.name, type(layer).__name__, shape,
+                     f"{_count(layer.trainable_weights):,}",
+                     f"{_count(layer.non_trainable_weights):,}"))
+    for sub in layer._flatten_layers(include_self=False, recursive=False):
+      print(row.format("  " + sub.name, type(sub).__name__, "",
+                       f"{_count(sub.trainable_weights):,}",
+                       f"{_count(sub.non_trainable_weights):,}"))
+  print("-" * 98)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise SystemExit(f"error: unexpected arguments {argv[1:]}; "
+                     "all options are --flags (see --help)")
+  try:
+    model = identity_tf.build_model(FLAGS.model, **model_options_from_flags())
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+  print_layer_table(model)
+  totals = identity_tf.describe(model)
+  print(f"Convolutions:          {totals['convolutions']:>12,}")
+  print(f"Trainable weights:     {totals['trainable_weights']:>12,}")
+  print(f"Non-trainable weights: {totals['non_trainable_weights']:>12,}"
+        "  (frozen projection, batch-norm statistics)")
+
+
+if __name__ == "__main__":
+  app.run(main)

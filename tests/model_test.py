@@ -1,0 +1,245 @@
+"""Tests of the residual layers and the paper's networks (issue: foundation)."""
+
+import math
+import os
+import tempfile
+
+from absl.testing import absltest
+import keras
+import numpy as np
+
+import identity_tf
+from identity_tf import layers
+from identity_tf import model as model_lib
+import testing
+
+# Table 1 of the paper, written out independently of model.py: per stage
+# (input channels, width, first stride, units).
+TABLE_1 = [(16, 64, 1, 9), (64, 128, 2, 9), (128, 256, 2, 9)]
+RESNET34_STAGES = [(64, 64, 1, 3), (64, 128, 2, 4), (128, 256, 2, 6),
+                   (256, 512, 2, 3)]
+
+
+def conv_weights(stages, k=3):
+  """k x k kernels of the residual units: C1 c_in->c, C2 c->c, then c->c."""
+  total = 0
+  for c_in, c, _, units in stages:
+    total += k * k * c_in * c + k * k * c * c
+    total += (units - 1) * 2 * k * k * c * c
+  return total
+
+
+def numpy_shortcut(x, channels, stride):
+  """Average pooling by STRIDE and even zero-padding of channels, in NumPy."""
+  if stride > 1:
+    n, h, w, c = x.shape
+    x = x.reshape(n, h // stride, stride, w // stride, stride, c).mean(axis=(2, 4))
+  extra = channels - x.shape[-1]
+  return np.pad(x, [(0, 0)] * 3 + [(extra // 2, extra - extra // 2)])
+
+
+def zero_last_convolutions(model):
+  for layer in model.layers:
+    if isinstance(layer, layers.ConvResidualUnit):
+      layer.conv2.kernel.assign(np.zeros(layer.conv2.kernel.shape, "float32"))
+
+
+def tiny(name="cifar10", **options):
+  return identity_tf.build_model(
+      name, **{"width": 0.125, "units": 1, "image_size": 16, **options})
+
+
+class ResidualUnitTest(absltest.TestCase):
+
+  def test_unit_with_zero_branch_is_identity_when_shape_is_kept(self):
+    unit = layers.ConvResidualUnit(8, seed=1)
+    x = np.random.default_rng(0).normal(size=(2, 6, 6, 8)).astype("float32")
+    unit(x)
+    self.assertGreater(np.abs(unit(x) - x).max(), 0)  # a live branch moves x
+    unit.conv2.kernel.assign(np.zeros(unit.conv2.kernel.shape, "float32"))
+    np.testing.assert_array_equal(unit(x), x)
+
+  def test_unit_with_zero_branch_is_pool_and_pad_shortcut(self):
+    for c_in, c_out, stride in [(4, 8, 2), (3, 8, 2), (16, 64, 1)]:
+      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=2)
+      x = np.random.default_rng(1).normal(size=(2, 8, 8, c_in)).astype("float32")
+      unit(x)
+      unit.conv2.kernel.assign(np.zeros(unit.conv2.kernel.shape, "float32"))
+      np.testing.assert_allclose(
+          unit(x), numpy_shortcut(x, c_out, stride), rtol=1e-6, atol=1e-6)
+
+  def test_unit_refuses_to_shrink_channels(self):
+    with self.assertRaisesRegex(ValueError, "cannot shrink 8 channels to 4"):
+      layers.ConvResidualUnit(4)(np.zeros((1, 4, 4, 8), "float32"))
+
+  def test_dense_unit_matches_paper_formula(self):
+    rng = np.random.default_rng(3)
+    k = 5
+    u, v = rng.normal(size=(k, k)), rng.normal(size=(k, k))
+    b = rng.normal(size=k)
+    h = rng.normal(size=(7, k))
+    unit = layers.DenseResidualUnit()
+    unit(h.astype("float32"))
+    unit.set_matrices(u, v, b)
+    expected = np.stack([x + v @ np.maximum(u @ x + b, 0) for x in h])
+    np.testing.assert_allclose(unit(h.astype("float32")), expected,
+                               rtol=1e-5, atol=1e-5)
+    unit.set_matrices(u, np.zeros((k, k)), b)
+    np.testing.assert_allclose(unit(h.astype("float32")), h, rtol=1e-6)
+
+  def test_initializer_scales(self):
+    shape = (3, 3, 64, 64)
+    for scheme, expected in [("paper", 1 / (9 * 64)),
+                             ("standard", 1 / (3 * math.sqrt(64)))]:
+      sample = np.asarray(layers.ResidualInitializer(scheme, seed=5)(shape))
+      self.assertAlmostEqual(sample.std() / expected, 1.0, delta=0.02)
+      self.assertAlmostEqual(sample.mean() / expected, 0.0, delta=0.02)
+    with self.assertRaisesRegex(ValueError, "valid: paper, standard"):
+      layers.ResidualInitializer("he")
+
+
+class NetworkTest(absltest.TestCase):
+
+  def test_table_1_counts(self):
+    model = identity_tf.build_model("cifar10")
+    totals = identity_tf.describe(model)
+    self.assertEqual(totals["convolutions"], 1 + 2 * 27)
+    self.assertEqual(totals["trainable_weights"],
+                     3 * 3 * 3 * 16 + conv_weights(TABLE_1))
+    self.assertEqual(round(totals["trainable_weights"] / 1e6, 2), 13.54)
+    self.assertEqual(totals["non_trainable_weights"], 256 * 10)
+    self.assertEqual(
+        identity_tf.describe(identity_tf.build_model("cifar100"))[
+            "non_trainable_weights"], 256 * 100)
+
+  def test_shapes_through_every_stage(self):
+    model = identity_tf.build_model("cifar10")
+    expected = {"stem1": (32, 32, 16), "stage1_unit9": (32, 32, 64),
+                "stage2_unit1": (16, 16, 128), "stage3_unit1": (8, 8, 256),
+                "stage3_unit9": (8, 8, 256), "pool": (256,),
+                "projection": (10,)}
+    for name, shape in expected.items():
+      self.assertEqual(tuple(model.get_layer(name).output.shape[1:]), shape,
+                       name)
+
+  def test_imagenet_counts_and_shapes(self):
+    model = identity_tf.build_model("imagenet")
+    totals = identity_tf.describe(model)
+    self.assertEqual(totals["convolutions"], 2 + 2 * (3 + 4 + 6 + 3))
+    self.assertEqual(
+        totals["trainable_weights"],
+        7 * 7 * 3 * 64 + 3 * 3 * 64 * 64 + conv_weights(RESNET34_STAGES))
+    self.assertEqual(totals["non_trainable_weights"], 512 * 1000)
+    self.assertEqual(tuple(model.get_layer("stem2").output.shape[1:]),
+                     (56, 56, 64))
+    self.assertEqual(tuple(model.get_layer("stage4_unit3").output.shape[1:]),
+                     (7, 7, 512))
+
+  def test_zero_branches_make_the_network_its_shortcuts(self):
+    model = tiny(units=2)
+    zero_last_convolutions(model)
+    probe = keras.Model(model.input, [model.get_layer("stem1").output,
+                                      model.get_layer("pool").output])
+    images = np.random.default_rng(4).normal(size=(3, 16, 16, 3)).astype("float32")
+    stem, pooled = (np.asarray(t) for t in probe(images))
+    x = stem
+    for (_, width, stride, _) in TABLE_1:
+      x = numpy_shortcut(x, round(width * 0.125), stride)
+    np.testing.assert_allclose(pooled, x.mean(axis=(1, 2)), rtol=1e-5,
+                               atol=1e-6)
+
+  def test_normalisation_only_in_resnet_bn(self):
+    for name in ("cifar10", "cifar100", "imagenet"):
+      self.assertEmpty(model_lib.normalization_layers(
+          identity_tf.build_model(name, units=1, width=0.125)), name)
+    self.assertLen(model_lib.normalization_layers(tiny("resnet_bn")),
+                   2 * 3 + 1)
+
+  def test_fit_trains_convolutions_and_leaves_projection_alone(self):
+    model = tiny()
+    model.trainable = True  # must not unfreeze the projection
+    projection = model.get_layer("projection").kernel
+    self.assertNotIn(id(projection), [id(w) for w in model.trainable_weights])
+    before = {w.path: np.array(w) for w in model.weights}
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+    rng = np.random.default_rng(5)
+    model.fit(rng.normal(size=(16, 16, 16, 3)).astype("float32"),
+              rng.integers(0, 10, size=16), batch_size=8, epochs=1, verbose=0)
+    after = {w.path: np.array(w) for w in model.weights}
+    conv_paths = [p for p in before if before[p].ndim == 4]
+    self.assertLen(conv_paths, 7)
+    for path in conv_paths:
+      self.assertFalse(np.array_equal(before[path], after[path]), path)
+    np.testing.assert_array_equal(before[projection.path],
+                                  after[projection.path])
+
+  def test_trainable_head_is_trained(self):
+    model = tiny(head="trainable")
+    self.assertIn(model.get_layer("projection").kernel.path,
+                  [w.path for w in model.trainable_weights])
+
+  def test_keras_round_trip_and_projection_seed(self):
+    model = tiny(seed=7)
+    images = np.random.default_rng(6).normal(size=(2, 16, 16, 3)).astype("float32")
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "model.keras")
+      model.save(path)
+      loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(model(images), loaded(images))
+    self.assertFalse(loaded.get_layer("projection").kernel.trainable)
+    kernel = np.array(model.get_layer("projection").kernel)
+    again = np.array(tiny(seed=7).get_layer("projection").kernel)
+    other = np.array(tiny(seed=8).get_layer("projection").kernel)
+    np.testing.assert_array_equal(kernel, again)
+    self.assertFalse(np.array_equal(kernel, other))
+    # Documented scale: N(0, 1/classes) entries.
+    big = layers.RandomProjection(1000, seed=0)
+    big.build((None, 512))
+    self.assertAlmostEqual(float(np.std(big.kernel)) * math.sqrt(1000), 1.0,
+                           delta=0.01)
+
+  def test_same_seed_same_network(self):
+    a, b = tiny(seed=3), tiny(seed=3)
+    for wa, wb in zip(a.weights, b.weights):
+      np.testing.assert_array_equal(wa, wb, wa.path)
+    c = tiny(seed=4)
+    self.assertFalse(np.array_equal(a.get_layer("stage1_unit1").conv1.kernel,
+                                    c.get_layer("stage1_unit1").conv1.kernel))
+
+  def test_bad_options_name_the_valid_values(self):
+    cases = [
+        (dict(name="cifar11"), "valid: cifar10, cifar100, imagenet, resnet_bn"),
+        (dict(name="cifar10", units=0), "units must be a positive integer"),
+        (dict(name="cifar10", units=[9, 9]), "3 positive integers"),
+        (dict(name="cifar10", width=-1.0), "width must be a positive"),
+        (dict(name="cifar10", head="linear"), "valid: frozen, trainable"),
+        (dict(name="cifar10", init="he"), "valid: paper, standard"),
+        (dict(name="cifar10", depth=3), "unknown option.*valid: classes"),
+        (dict(name="cifar10", classes=1), "classes must be an integer >= 2"),
+    ]
+    for kwargs, message in cases:
+      with self.assertRaisesRegex(ValueError, message):
+        identity_tf.build_model(**kwargs)
+
+
+class SummaryBinaryTest(absltest.TestCase):
+
+  def test_summary_prints_table_and_totals(self):
+    result = testing.run_binary("summary", "--model=cifar10", check=True)
+    self.assertIn("stage3_unit9", result.stdout)
+    self.assertRegex(result.stdout, r"Convolutions:\s+55\n")
+    self.assertRegex(result.stdout, r"Trainable weights:\s+13,538,736\n")
+
+  def test_summary_bad_option_is_one_line_error(self):
+    result = testing.run_binary("summary", "--model=cifar10", "--units=0")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(testing.last_stderr_line(result),
+                     "error: units must be a positive integer or 3 positive "
+                     "integers (one per stage), got 0")
+    self.assertNotIn("Traceback", result.stderr)
+
+
+if __name__ == "__main__":
+  absltest.main()
