@@ -1,0 +1,403 @@
+"""Tests for identity_tf.linear_theory and bin/linear_theory.py (Section 2)."""
+
+import concurrent.futures
+import json
+import math
+import os
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import linear_theory as lt
+import testing
+
+
+def rotation(angle):
+  return np.array([[math.cos(angle), -math.sin(angle)],
+                   [math.sin(angle), math.cos(angle)]])
+
+
+def block_diagonal(*blocks):
+  size = sum(b.shape[0] for b in blocks)
+  matrix = np.zeros((size, size))
+  i = 0
+  for b in blocks:
+    matrix[i:i + b.shape[0], i:i + b.shape[0]] = b
+    i += b.shape[0]
+  return matrix
+
+
+def sequential_product(a):
+  d = a.shape[-1]
+  result = np.eye(d)
+  for layer in np.asarray(a):
+    result = (np.eye(d) + layer) @ result
+  return result
+
+
+class ProductAndRiskTest(absltest.TestCase):
+
+  def test_product_matches_sequential_for_distinct_and_repeated_layers(self):
+    rng = np.random.default_rng(0)
+    distinct = rng.standard_normal((7, 4, 4)) * 0.3
+    repeated = np.concatenate([np.repeat(distinct[:1], 5, 0), distinct[1:3],
+                               np.repeat(distinct[3:4], 4, 0)])
+    for a in (distinct, repeated, distinct[:1]):
+      np.testing.assert_allclose(lt.product(a).numpy(), sequential_product(a),
+                                 rtol=1e-12, atol=1e-12)
+
+  def test_layer_norms_per_layer(self):
+    rng = np.random.default_rng(1)
+    a = np.concatenate([np.repeat(rng.standard_normal((1, 3, 3)), 3, 0),
+                        rng.standard_normal((2, 3, 3))])
+    np.testing.assert_allclose(lt.layer_norms(a).numpy(),
+                               np.linalg.norm(a, ord=2, axis=(1, 2)),
+                               rtol=1e-12)
+
+  def test_closed_form_risk_agrees_with_monte_carlo(self):
+    rng = np.random.default_rng(2)
+    d = 5
+    r = lt.random_target(d, rng, 0.5)
+    sigma = lt.random_covariance(d, rng, 0.3, 3.0)
+    a = lt.random_layers(6, d, rng, 0.1)
+    closed = lt.risk(a, r, sigma)
+    mean, stderr = lt.monte_carlo_risk(a, r, sigma, samples=100_000, seed=3)
+    self.assertLess(abs(closed - mean), 5 * stderr)
+    # At an exact factorisation only the noise is left: f_opt = d.
+    self.assertAlmostEqual(lt.risk(lt.construct(r, 6), r, sigma), d, places=10)
+    self.assertGreater(closed, d + 0.1)
+
+  def test_risk_rejects_bad_covariance(self):
+    with self.assertRaisesRegex(ValueError, "symmetric"):
+      lt.risk(np.zeros((1, 2, 2)), np.eye(2), [[1.0, 0.5], [0.0, 1.0]])
+    with self.assertRaisesRegex(ValueError, "semi-definite"):
+      lt.risk(np.zeros((1, 2, 2)), np.eye(2), np.diag([1.0, -1.0]))
+    with self.assertRaisesRegex(ValueError, "shape"):
+      lt.risk(np.zeros((2, 2)), np.eye(2), np.eye(2))
+
+
+class GradientTest(absltest.TestCase):
+
+  def test_lemma_2_4_matches_gradient_tape(self):
+    rng = np.random.default_rng(4)
+    for layers, d in ((1, 3), (2, 1), (30, 6)):
+      r = lt.random_target(d, rng, 0.5)
+      sigma = lt.random_covariance(d, rng, 0.5, 2.0)
+      a = tf.constant(rng.standard_normal((layers, d, d)) * 0.5 / layers)
+      mine = lt.risk_gradient(a, r, sigma)
+      tape = lt.tape_gradient(a, r, sigma)
+      self.assertLess(float(tf.norm(mine - tape) / tf.norm(tape)), 1e-10)
+
+  def test_risk_and_gradient_value_is_the_closed_form(self):
+    rng = np.random.default_rng(5)
+    r = lt.random_target(4, rng)
+    sigma = lt.random_covariance(4, rng, 0.5, 2.0)
+    a = lt.random_layers(5, 4, rng, 0.2)
+    value, _ = lt.risk_and_gradient(a, r, sigma)
+    self.assertAlmostEqual(value, lt.risk(a, r, sigma), places=10)
+
+  def test_gradient_is_zero_at_the_constructed_optimum(self):
+    rng = np.random.default_rng(6)
+    r = lt.random_target(5, rng, 1.0)
+    a = lt.construct(r, 12)
+    gradient = lt.risk_gradient(a, r, np.eye(5))
+    self.assertLess(float(tf.norm(gradient)), 1e-10)
+
+
+class OrthogonalLogTest(absltest.TestCase):
+
+  def assert_is_log(self, o):
+    log = lt.orthogonal_log(o).numpy()
+    np.testing.assert_allclose(log, -log.T, atol=1e-15)
+    np.testing.assert_allclose(tf.linalg.expm(log).numpy(), o, atol=1e-12)
+    self.assertLessEqual(np.linalg.norm(log, 2), math.pi + 1e-9)
+    return log
+
+  def test_hard_spectra(self):
+    rng = np.random.default_rng(7)
+    cases = {
+        "minus_identity": -np.eye(4),
+        "pi_three_times_odd_d": block_diagonal(rotation(math.pi),
+                                               rotation(math.pi),
+                                               rotation(math.pi), np.eye(1)),
+        "near_pi_and_repeated": block_diagonal(
+            rotation(math.pi - 1e-7), rotation(math.pi - 1e-3),
+            rotation(math.pi - 1e-12), rotation(0.5), rotation(0.5),
+            rotation(-0.5), np.eye(1)),
+        "identity": np.eye(3),
+        "random": lt.random_orthogonal(9, rng),
+    }
+    for name, core in cases.items():
+      with self.subTest(name):
+        q = lt.random_orthogonal(core.shape[0], rng)
+        self.assert_is_log(q @ core @ q.T)
+
+  def test_angles_are_recovered(self):
+    rng = np.random.default_rng(8)
+    angles = [math.pi, math.pi - 1e-6, 2.0, 2.0, 0.3]
+    core = block_diagonal(*[rotation(t) for t in angles], np.eye(1))
+    q = lt.random_orthogonal(core.shape[0], rng)
+    log = self.assert_is_log(q @ core @ q.T)
+    singular = np.linalg.svd(log, compute_uv=False)
+    np.testing.assert_allclose(singular[0::2][:len(angles)],
+                               sorted(angles, reverse=True), atol=1e-9)
+    np.testing.assert_allclose(singular[1::2][:len(angles)],
+                               sorted(angles, reverse=True), atol=1e-9)
+
+  def test_rejects_reflections_and_non_orthogonal(self):
+    with self.assertRaisesRegex(ValueError, "det -1"):
+      lt.orthogonal_log(np.diag([1.0, 1.0, -1.0]))
+    with self.assertRaisesRegex(ValueError, "not orthogonal"):
+      lt.orthogonal_log(2 * np.eye(2))
+
+
+class ConstructTest(absltest.TestCase):
+
+  def check(self, r, layers):
+    a = lt.construct(r, layers)
+    self.assertEqual(a.dtype, tf.float64)
+    self.assertEqual(tuple(a.shape), (layers, r.shape[0], r.shape[0]))
+    report = lt.construction_report(r, a)
+    self.assertLess(report["residual"],
+                    1e-11 * max(1.0, np.linalg.norm(r)) * max(1, layers / 10))
+    self.assertLessEqual(report["max_norm"], report["bound"])
+    self.assertLessEqual(report["max_norm"], report["bound_reviews"])
+    np.testing.assert_allclose(sequential_product(a), r, atol=1e-9 * max(
+        1.0, np.linalg.norm(r)))
+    return report
+
+  def test_random_targets(self):
+    rng = np.random.default_rng(9)
+    for d, layers, gamma in ((1, 2, 0.5), (2, 2, 0.3), (5, 7, 1.0),
+                             (7, 40, 3.0), (6, 2, 0.0)):
+      with self.subTest(d=d, layers=layers):
+        self.check(lt.random_target(d, rng, gamma), layers)
+
+  def test_single_layer(self):
+    r = lt.random_target(3, np.random.default_rng(10), 0.3)
+    np.testing.assert_allclose(lt.construct(r, 1).numpy()[0], r - np.eye(3))
+
+  def test_odd_d_pi_and_repeated_rotations(self):
+    rng = np.random.default_rng(11)
+    core = block_diagonal(rotation(math.pi), rotation(math.pi - 1e-8),
+                          rotation(1.0), rotation(1.0), np.eye(1))
+    q = lt.random_orthogonal(9, rng)
+    scales = np.exp(rng.uniform(-0.5, 0.5, 9))
+    r = q @ core @ q.T @ np.diag(scales)
+    report = self.check(r, 20)
+    # One rotation layer turns by at most pi / k_rot: the angle pi is used.
+    self.assertGreater(report["max_norm"], 0.05)
+    self.check(-np.eye(4), 3)
+
+  def test_ill_conditioned(self):
+    rng = np.random.default_rng(12)
+    r = (lt.random_orthogonal(6, rng) * np.logspace(0, -7, 6)
+         ) @ lt.random_orthogonal(6, rng).T
+    self.assertGreater(np.linalg.cond(r), 1e6)
+    report = self.check(r, lt.smallest_admissible_layers(lt.gamma(r)))
+    self.assertAlmostEqual(report["gamma"], 7 * math.log(10), places=8)
+
+  def test_split_meets_both_bounds_in_the_worst_case(self):
+    # Angle pi and singular values e^{+-gamma} are the worst case for a split.
+    for gamma in (0.0, 0.05, 0.2, 1.0, 3.3, 10.0, 100.0):
+      smallest = lt.smallest_admissible_layers(gamma)
+      for layers in sorted({max(2, smallest), smallest + 1, 2 * smallest + 3,
+                            1000}):
+        k_rot, k_scale = lt._split_layers(
+            layers, math.pi, np.exp([gamma, -gamma]))
+        self.assertEqual(k_rot + k_scale, layers)
+        rot = 2 * math.sin(math.pi / (2 * k_rot)) if k_rot else 0.0
+        scale = math.expm1(gamma / k_scale) if k_scale else 0.0
+        worst = max(rot, scale)
+        self.assertLessEqual(worst, lt.iclr_bound(gamma, layers))
+        self.assertLessEqual(worst, lt.reviews_bound(gamma, layers))
+
+  def test_errors(self):
+    with self.assertRaisesRegex(ValueError, r"det\(I \+ A\) > 0"):
+      lt.construct(np.diag([1.0, -2.0]), 5)
+    with self.assertRaisesRegex(ValueError, "det R = 0"):
+      lt.construct(np.zeros((2, 2)), 5)
+    r = np.diag([math.exp(2.0), 1.0])
+    with self.assertRaisesRegex(ValueError, "smallest admissible is 6"):
+      lt.construct(r, 5)
+    self.check(r, 6)
+    with self.assertRaisesRegex(ValueError, "square"):
+      lt.construct(np.ones((2, 3)), 3)
+    with self.assertRaisesRegex(ValueError, "non-finite"):
+      lt.construct(np.array([[1.0, np.inf], [0.0, 1.0]]), 3)
+    for layers in (0, 2.5, None, "three"):
+      with self.assertRaisesRegex(ValueError, "integer >= 1"):
+        lt.construct(np.eye(2), layers)
+
+
+class BoundTest(absltest.TestCase):
+
+  def test_power_one_holds_below_and_above_one(self):
+    rng = np.random.default_rng(13)
+    d, layers, tau = 4, 6, 0.08
+    r = lt.random_target(d, rng, 0.5)
+    for low, high in ((0.05, 0.9), (1.2, 5.0)):
+      for _ in range(4):
+        sigma = lt.random_covariance(d, rng, low, high)
+        a = lt.random_layers(layers, d, rng, tau)
+        result = lt.gradient_bound(a, r, sigma, tau)
+        self.assertTrue(result["holds"], result)
+
+  def test_equality_case_and_the_seeded_power_two(self):
+    r = lt.random_target(3, np.random.default_rng(14), 0.5)
+    zero = np.zeros((4, 3, 3))
+    tight = lt.gradient_bound(zero, r, 2.0 * np.eye(3), 0.0)
+    self.assertAlmostEqual(tight["lhs"] / tight["rhs"], 1.0, places=10)
+    self.assertTrue(tight["holds"])
+    # The seeds' sigma_min(Sigma)^2 is refuted once sigma_min(Sigma) > 1 ...
+    seeded = lt.gradient_bound(zero, r, 2.0 * np.eye(3), 0.0, sigma_power=2)
+    self.assertFalse(seeded["holds"])
+    # ... and implied by power 1 (so true) when sigma_min(Sigma) <= 1.
+    self.assertTrue(lt.gradient_bound(zero, r, 0.5 * np.eye(3), 0.0,
+                                      sigma_power=2)["holds"])
+
+  def test_tau_must_be_below_one_and_cover_a(self):
+    a = np.zeros((2, 2, 2))
+    a[0] = np.eye(2) * 0.5
+    with self.assertRaisesRegex(ValueError, "tau < 1"):
+      lt.gradient_bound(a, np.eye(2), np.eye(2), tau=0.1)
+    with self.assertRaisesRegex(ValueError, "tau < 1"):
+      lt.gradient_bound(a, np.eye(2), np.eye(2), tau=1.0)
+
+
+class DescentTest(absltest.TestCase):
+
+  def test_residual_converges_linearly_plain_stalls(self):
+    rng = np.random.default_rng(15)
+    d, layers, steps = 4, 10, 300
+    r = lt.near_identity_target(d, rng, 1.0)
+    sigma = lt.random_covariance(d, rng, 0.5, 2.0)
+    residual = lt.gradient_descent(r, sigma, layers, steps)
+    gaps = residual["gap"]
+    self.assertLess(gaps[-1], 1e-9 * gaps[0])
+    self.assertLess(lt.linear_rate(gaps), 0.97)
+    self.assertLess(np.max(residual["max_norm"]), 1.0)
+    plain = lt.gradient_descent(r, sigma, layers, steps,
+                                residual["step_size"], plain=True)
+    self.assertGreater(plain["gap"][-1], 0.5 * plain["gap"][0])
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "descent.png")
+      lt.plot_descent(residual, plain, path)
+      with open(path, "rb") as f:
+        self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+class ChecksTest(absltest.TestCase):
+
+  def test_every_statement_passes_and_a_wrong_bound_is_detected(self):
+    results = lt.run_checks(d=3, layers=4, seed=1, samples=20_000)
+    self.assertEqual(
+        set(results),
+        {"claim_2_3_risk_closed_form", "lemma_2_4_gradient",
+         "theorem_2_1_construction", "theorem_2_1_bad_input",
+         "theorem_2_2_bound_2_3", "gradient_descent_linear_rate"})
+    for name, entry in results.items():
+      self.assertTrue(entry["pass"], (name, entry))
+    wrong = lt.run_checks(d=3, layers=4, seed=1, sigma_power=2,
+                          only=["theorem_2_2_bound_2_3"])
+    self.assertEqual(list(wrong), ["theorem_2_2_bound_2_3"])
+    self.assertFalse(wrong["theorem_2_2_bound_2_3"]["pass"])
+
+
+class BinaryTest(absltest.TestCase):
+  """Runs bin/linear_theory.py as a user does.
+
+  Each run imports TensorFlow (seconds of one core), so the independent runs
+  start together in setUpClass and the tests inspect their results.
+  """
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.TemporaryDirectory()
+    tmp = cls.tmp.name
+    cls.target = lt.random_target(5, np.random.default_rng(16), 0.7)
+    np.save(os.path.join(tmp, "R.npy"), cls.target)
+    np.save(os.path.join(tmp, "bad.npy"), np.diag([1.0, -1.0]))
+    env = dict(os.environ, BUILD_WORKING_DIRECTORY=tmp)
+    runs = {
+        "construct": ("construct", "--R=R.npy", "--layers=9",
+                      "--output=A.npz"),
+        "bad": ("construct", "--R=bad.npy", "--layers=3", "--output=B.npz"),
+        "check": ("check", "--d=2", "--layers=3", "--samples=5000",
+                  "--bound_power=2"),
+        "descend": ("descend", "--d=3", "--layers=5", "--steps=150",
+                    "--plot=descent.png"),
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+      futures = {name: pool.submit(testing.run_binary, "linear_theory", *args,
+                                   env=env)
+                 for name, args in runs.items()}
+      cls.results = {name: f.result() for name, f in futures.items()}
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+    super().tearDownClass()
+
+  def assert_succeeded(self, result):
+    self.assertEqual(result.returncode, 0, result.stderr)
+
+  def test_construct_writes_layers_and_json(self):
+    result = self.results["construct"]
+    self.assert_succeeded(result)
+    report = json.loads(result.stdout)
+    self.assertEqual(report["layers"], 9)
+    self.assertEqual(report["d"], 5)
+    self.assertLess(report["residual"], 1e-12)
+    self.assertLessEqual(report["max_norm"], report["bound"])
+    with np.load(os.path.join(self.tmp.name, "A.npz")) as data:
+      a = data["A"]
+    self.assertEqual(a.shape, (9, 5, 5))
+    self.assertEqual(a.dtype, np.float64)
+    np.testing.assert_allclose(sequential_product(a), self.target, atol=1e-12)
+    self.assertAlmostEqual(report["max_norm"], float(np.max(
+        np.linalg.norm(a, ord=2, axis=(1, 2)))), places=12)
+
+  def test_construct_rejects_negative_determinant(self):
+    bad = self.results["bad"]
+    self.assertNotEqual(bad.returncode, 0)
+    self.assertNotIn("Traceback", bad.stderr)
+    self.assertIn("det(I + A) > 0", testing.last_stderr_line(bad))
+    self.assertEqual(bad.stdout, "")
+    self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "B.npz")))
+
+  def test_check_fails_on_the_seeded_bound(self):
+    result = self.results["check"]
+    self.assertNotEqual(result.returncode, 0)
+    report = json.loads(result.stdout)
+    self.assertFalse(report["all_pass"])
+    self.assertFalse(report["statements"]["theorem_2_2_bound_2_3"]["pass"])
+    self.assertTrue(report["statements"]["lemma_2_4_gradient"]["pass"])
+    self.assertIn("theorem_2_2_bound_2_3", testing.last_stderr_line(result))
+
+  def test_descend_writes_plot_and_json(self):
+    result = self.results["descend"]
+    self.assert_succeeded(result)
+    summary = json.loads(result.stdout)
+    self.assertLess(summary["residual_final_gap"],
+                    1e-6 * summary["residual_initial_gap"])
+    self.assertLess(summary["residual_max_norm_over_run"], 1.0)
+    self.assertGreater(summary["plain_final_gap"],
+                       0.5 * summary["plain_initial_gap"])
+    with open(os.path.join(self.tmp.name, "descent.png"), "rb") as f:
+      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+  def test_unknown_subcommand_is_one_line(self):
+    for args in ((), ("frobnicate",)):
+      result = testing.run_binary("linear_theory", *args)
+      self.assertNotEqual(result.returncode, 0)
+      self.assertNotIn("Traceback", result.stderr)
+      line = testing.last_stderr_line(result)
+      self.assertIn("valid: construct, check, descend", line)
+
+
+if __name__ == "__main__":
+  absltest.main()
