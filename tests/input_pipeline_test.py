@@ -1,0 +1,553 @@
+"""Tests of identity_tf.input_pipeline: TFDS paths, augmentation, determinism.
+
+The TFDS paths run for real: setUpClass writes tiny raw CIFAR-10/100 files and
+fake ImageNet archives and lets TFDS's own cifar10, cifar100 and imagenet2012
+builders prepare them (only the network fetch of the CIFAR archives is
+replaced by the local directory), then the pipeline reads them back through
+`tfds.builder(...).as_dataset`. `tfds.testing.mock_data` covers the same three
+datasets with TFDS's random mock examples.
+"""
+
+import importlib.resources
+import importlib.resources.abc
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from identity_tf import input_pipeline as ip
+
+# TFDS 4.9.10's download_and_prepare needs the `importlib_resources` backport,
+# which pip does not install on Python >= 3.9; the standard library's
+# importlib.resources provides what it uses (`abc.Traversable`).
+sys.modules.setdefault("importlib_resources", importlib.resources)
+
+CIFAR_PREFIXES = {"cifar10": "cifar-10-batches-bin",
+                  "cifar100": "cifar-100-binary"}
+IMAGENET_TRAIN_SYNSETS = ("n01440764", "n01443537")  # Labels 0 and 1.
+
+
+def _write_raw_cifar(directory, name, rng):
+  """Writes CIFAR's binary files with random records; returns them by split.
+
+  The format of cs.toronto.edu's archives: per record 1 label byte (CIFAR-10)
+  or coarse + fine label bytes (CIFAR-100), then 3072 bytes of R, G, B planes.
+  """
+  prefix = os.path.join(directory, CIFAR_PREFIXES[name])
+  os.makedirs(prefix)
+  if name == "cifar10":
+    files = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)],
+             "test": ["test_batch.bin"]}
+    per_file = {"train": 8, "test": 12}
+    label_files = {"batches.meta.txt": 10}
+    classes = [10]
+  else:
+    files = {"train": ["train.bin"], "test": ["test.bin"]}
+    per_file = {"train": 40, "test": 12}
+    label_files = {"coarse_label_names.txt": 20, "fine_label_names.txt": 100}
+    classes = [20, 100]
+  for label_file, count in label_files.items():
+    with open(os.path.join(prefix, label_file), "w") as f:
+      f.write("".join(f"class{i}\n" for i in range(count)))
+  records = {}
+  for split, names in files.items():
+    images, labels = [], []
+    for file_name in names:
+      n = per_file[split]
+      file_labels = np.stack(
+          [rng.integers(0, c, n) for c in classes], axis=1).astype(np.uint8)
+      planes = rng.integers(0, 256, (n, 3, 32, 32)).astype(np.uint8)
+      with open(os.path.join(prefix, file_name), "wb") as f:
+        f.write(np.concatenate(
+            [file_labels, planes.reshape(n, -1)], axis=1).tobytes())
+      images.append(planes.transpose(0, 2, 3, 1))
+      labels.append(file_labels[:, -1])  # The fine label is the last byte.
+    records[split] = (np.concatenate(images), np.concatenate(labels))
+  return records
+
+
+def _jpeg(rng, height, width):
+  return tf.io.encode_jpeg(
+      rng.integers(0, 256, (height, width, 3)).astype(np.uint8)).numpy()
+
+
+def _add_to_tar(tar, name, data):
+  info = tarfile.TarInfo(name)
+  info.size = len(data)
+  tar.addfile(info, io.BytesIO(data))
+
+
+def _write_imagenet_archives(manual_dir, rng):
+  """ILSVRC2012_img_{train,val}.tar as image-net.org ships them, tiny."""
+  os.makedirs(manual_dir)
+  with tarfile.open(os.path.join(manual_dir, "ILSVRC2012_img_train.tar"),
+                    "w") as train:
+    for synset in IMAGENET_TRAIN_SYNSETS:
+      inner_bytes = io.BytesIO()
+      with tarfile.open(fileobj=inner_bytes, mode="w") as inner:
+        for k in range(3):
+          _add_to_tar(inner, f"{synset}_{k}.JPEG", _jpeg(rng, 40 + 10 * k, 60))
+      _add_to_tar(train, synset + ".tar", inner_bytes.getvalue())
+  with tarfile.open(os.path.join(manual_dir, "ILSVRC2012_img_val.tar"),
+                    "w") as val:
+    for k in range(1, 5):
+      _add_to_tar(val, f"ILSVRC2012_val_{k:08d}.JPEG", _jpeg(rng, 50, 30 + k))
+
+
+def _batches(ds, count=None):
+  """The first COUNT (all if None) batches of DS as NumPy (images, labels)."""
+  if count is not None:
+    ds = ds.take(count)
+  return [(x.numpy(), y.numpy()) for x, y in ds]
+
+
+def _standardized(images):
+  return tf.image.per_image_standardization(
+      tf.constant(images, tf.float32)).numpy()
+
+
+class InputPipelineTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    tfds.disable_progress_bar()
+    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    cls.data_dir = os.path.join(cls.root, "data")
+    rng = np.random.default_rng(0)
+    cls.raw = {}
+    for name in ("cifar10", "cifar100"):
+      raw_dir = os.path.join(cls.root, name + "_raw")
+      cls.raw[name] = _write_raw_cifar(raw_dir, name, rng)
+      builder = tfds.builder(name, data_dir=cls.data_dir)
+      # The only step that would use the network: fetching the archive.
+      with mock.patch.object(tfds.download.DownloadManager,
+                             "download_and_extract", return_value=raw_dir):
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(
+                try_download_gcs=False))
+    manual_dir = os.path.join(cls.root, "manual")
+    _write_imagenet_archives(manual_dir, rng)
+    tfds.builder("imagenet2012", data_dir=cls.data_dir).download_and_prepare(
+        download_config=tfds.download.DownloadConfig(
+            manual_dir=manual_dir, try_download_gcs=False))
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+  # --- contract -----------------------------------------------------------
+
+  def test_dataset_info_and_preprocessing_config(self):
+    self.assertEqual(ip.DATASETS,
+                     ("cifar10", "cifar100", "imagenet2012", "synthetic"))
+    for name in ip.DATASETS:
+      info = ip.dataset_info(name)
+      self.assertEqual(info.name, name)
+      config = ip.preprocessing_config(name)
+      self.assertEqual(json.loads(json.dumps(config)), config)
+      self.assertEqual(config["image_size"], info.image_size)
+    self.assertEqual(ip.dataset_info("cifar100").num_classes, 100)
+    self.assertEqual(ip.dataset_info("imagenet2012").eval_split, "validation")
+    self.assertEqual(ip.preprocessing_config("imagenet2012")["resize"], 256)
+    with self.assertRaisesRegex(ValueError, "unknown dataset 'mnist'.*cifar10"):
+      ip.dataset_info("mnist")
+    with self.assertRaisesRegex(ValueError, "unknown split 'validation'"):
+      ip.build_dataset("synthetic", "validation", 8, training=False)
+    with self.assertRaisesRegex(ValueError, "batch_size must be a positive"):
+      ip.build_dataset("synthetic", "train", 0, training=True)
+    with self.assertRaisesRegex(ValueError, "imagenet preprocessing does not"):
+      ip.build_dataset("synthetic", "train", 8, training=True,
+                       preprocessing=ip.preprocessing_config("imagenet2012"))
+    with self.assertRaisesRegex(ValueError, "start_step must be"):
+      ip.build_dataset("synthetic", "test", 8, training=False, start_step=3)
+    with self.assertRaisesRegex(ValueError, "unknown preprocessing kind"):
+      ip.preprocess_for_eval(tf.zeros([1, 32, 32, 3]), {"kind": "mnist"})
+
+  # --- missing datasets ---------------------------------------------------
+
+  def test_missing_dataset_is_one_clear_error(self):
+    empty = self.create_tempdir().full_path
+    cases = [
+        ("cifar10", empty, ["--data_dir=" + empty,
+                            f"tfds build cifar10 --data_dir={empty}"]),
+        ("cifar100", os.path.join(empty, "absent"),
+         ["no such directory", "tfds build cifar100"]),
+        ("imagenet2012", empty,
+         [os.path.join(empty, "downloads", "manual"), "ILSVRC2012_img_train"]),
+    ]
+    for name, data_dir, expected in cases:
+      split = ip.dataset_info(name).train_split
+      with self.assertRaises(ip.DatasetNotReadyError) as caught:
+        ip.build_dataset(name, split, 4, training=True, data_dir=data_dir)
+      message = str(caught.exception)
+      self.assertIsInstance(caught.exception, ValueError)
+      self.assertNotIn("\n", message)
+      self.assertIn("--data_dir", message)
+      for text in expected:
+        self.assertIn(text, message)
+    # Without --data_dir: TFDS's default directory, named as such.
+    with mock.patch.object(tfds.core.constants, "DATA_DIR", empty):
+      with self.assertRaisesRegex(ip.DatasetNotReadyError,
+                                  f"{empty} \\(TFDS's default; --data_dir not"):
+        ip.build_dataset("cifar10", "test", 4, training=False)
+    self.assertEqual(os.listdir(empty), [])  # Nothing was downloaded.
+
+  # --- the real TFDS path -------------------------------------------------
+
+  def test_prepared_cifar_reads_back_exactly(self):
+    for name in ("cifar10", "cifar100"):
+      raw_images, raw_labels = self.raw[name]["test"]
+      batches = _batches(ip.build_dataset(
+          name, "test", 5, training=False, data_dir=self.data_dir))
+      self.assertEqual([len(y) for _, y in batches], [5, 5, 2])
+      images = np.concatenate([x for x, _ in batches])
+      labels = np.concatenate([y for _, y in batches])
+      self.assertEqual(images.dtype, np.float32)
+      self.assertEqual(labels.dtype, np.int32)
+      # TFDS shuffles records when preparing: match each example to its raw
+      # record. CIFAR-100's labels must be the fine ones (last label byte).
+      expected = _standardized(raw_images)
+      matched = []
+      for image, label in zip(images, labels):
+        distance = np.abs(expected - image).max(axis=(1, 2, 3))
+        matched.append(int(np.argmin(distance)))
+        self.assertLess(distance[matched[-1]], 1e-4)
+        self.assertEqual(label, raw_labels[matched[-1]])
+      self.assertCountEqual(matched, range(len(raw_labels)))
+      if name == "cifar100":
+        self.assertGreater(labels.max(), 19)  # Fine, not coarse, labels.
+
+      train = _batches(ip.build_dataset(name, "train", 8, training=True,
+                                        data_dir=self.data_dir), 6)
+      self.assertEqual(train[0][0].shape, (8, 32, 32, 3))
+      self.assertContainsSubset(set(np.concatenate([y for _, y in train])),
+                                set(self.raw[name]["train"][1]))
+
+  def test_prepared_imagenet(self):
+    labels_txt = (tfds.core.tfds_path("datasets/imagenet2012/labels.txt")
+                  .read_text().split())
+    validation_txt = (tfds.core.tfds_path(
+        "datasets/imagenet2012/validation_labels.txt").read_text().split())
+    batches = _batches(ip.build_dataset(
+        "imagenet2012", "validation", 3, training=False,
+        data_dir=self.data_dir))
+    self.assertEqual([x.shape for x, _ in batches],
+                     [(3, 224, 224, 3), (1, 224, 224, 3)])
+    labels = np.concatenate([y for _, y in batches])
+    self.assertCountEqual(
+        labels, [labels_txt.index(s) for s in validation_txt[:4]])
+    train = ip.build_dataset("imagenet2012", "train", 4, training=True,
+                             data_dir=self.data_dir, deterministic=True)
+    first = _batches(train, 3)
+    for images, labels in first:
+      self.assertEqual(images.shape, (4, 224, 224, 3))
+      self.assertTrue(np.all(np.isfinite(images)))
+      self.assertContainsSubset(set(labels), {0, 1})
+    again = _batches(ip.build_dataset(
+        "imagenet2012", "train", 4, training=True, data_dir=self.data_dir,
+        deterministic=True), 3)
+    for (x1, y1), (x2, y2) in zip(first, again):
+      self.assertAllEqual(y1, y2)
+      self.assertAllEqual(x1, x2)
+    # The streaming pipeline's iterator checkpoints too (shuffle buffer and
+    # all), across the end of an epoch (6 examples = 1.5 batches).
+    iterator = iter(train)
+    next(iterator)
+    checkpoint = tf.train.Checkpoint(iterator=iterator)
+    path = checkpoint.save(
+        os.path.join(self.create_tempdir().full_path, "ckpt"))
+    after = [next(iterator) for _ in range(3)]
+    checkpoint.restore(path)
+    for (x1, y1), (x2, y2) in zip(after, [next(iterator) for _ in range(3)]):
+      self.assertAllEqual(y1, y2)
+      self.assertAllEqual(x1, x2)
+
+  def test_tfds_mock_data(self):
+    # TFDS's mock examples (random images, encoded as the dataset's features
+    # encode them), with the prepared directory's metadata.
+    for name in ("cifar10", "cifar100", "imagenet2012"):
+      info = ip.dataset_info(name)
+      with tfds.testing.mock_data(num_examples=6, data_dir=self.data_dir):
+        (images, labels), = _batches(ip.build_dataset(
+            name, info.train_split, 6, training=True, data_dir=self.data_dir),
+                                     1)
+        evaluated = _batches(ip.build_dataset(
+            name, info.eval_split, 4, training=False, data_dir=self.data_dir))
+      size = info.image_size
+      self.assertEqual(images.shape, (6, size, size, 3))
+      self.assertTrue(np.all(np.isfinite(images)))
+      self.assertTrue(np.all((labels >= 0) & (labels < info.num_classes)))
+      self.assertEqual(evaluated[0][0].shape, (4, size, size, 3))
+
+  # --- augmentation -------------------------------------------------------
+
+  def test_cifar_crop_stays_in_padded_image_and_flips_half_the_time(self):
+    config = ip.preprocessing_config("cifar10")
+    # Every pixel tells where it came from; padding is 0.
+    position = np.arange(1, 32 * 32 + 1, dtype=np.float32).reshape(32, 32)
+    image = np.repeat(position[:, :, None], 3, axis=2)
+    padded = np.pad(image, [(4, 4), (4, 4), (0, 0)])
+    samples = 300
+    crops = tf.data.Dataset.range(samples).map(
+        lambda i: ip.random_pad_crop_flip(
+            image, config, ip.example_seeds(7, i, 0, 2)))
+    crops = next(iter(crops.batch(samples))).numpy()
+    offsets, flips = [], 0
+    for crop in crops:
+      found = [(dy, dx, flip) for dy in range(9) for dx in range(9)
+               for flip in (False, True)
+               if np.array_equal(
+                   crop, (padded[dy:dy + 32, dx:dx + 32, :][:, ::-1]
+                          if flip else padded[dy:dy + 32, dx:dx + 32, :]))]
+      self.assertLen(found, 1)
+      dy, dx, flip = found[0]
+      offsets.append((dy, dx))
+      flips += flip
+    offsets = np.array(offsets)
+    # All shifts from -4 to +4 occur, in both directions.
+    self.assertEqual(set(offsets[:, 0]), set(range(9)))
+    self.assertEqual(set(offsets[:, 1]), set(range(9)))
+    self.assertBetween(flips / samples, 0.4, 0.6)
+
+  def test_per_image_standardisation(self):
+    images = tf.constant(ip.synthetic_arrays("train")[0][:16])
+    config = ip.preprocessing_config("synthetic")
+    augmented = tf.data.Dataset.range(16).map(
+        lambda i: ip.augment_cifar(tf.gather(images, i), config,
+                                   ip.example_seeds(0, i, 0, 2)))
+    for batch in (next(iter(augmented.batch(16))).numpy(),
+                  ip.preprocess_for_eval(images[:16], config).numpy()):
+      self.assertAllClose(batch.mean(axis=(1, 2, 3)), np.zeros(16), atol=1e-4)
+      self.assertAllClose(batch.std(axis=(1, 2, 3)), np.ones(16), atol=1e-3)
+
+  def test_imagenet_random_resized_crop_window(self):
+    config = ip.preprocessing_config("imagenet2012")
+    shape = tf.constant([300, 400, 3])
+    windows = [ip.random_resized_crop_window(shape, config,
+                                             tf.constant([3, i]))
+               for i in range(100)]
+    areas = []
+    for begin, size in windows:
+      top, left, _ = begin.numpy()
+      height, width, _ = size.numpy()
+      self.assertTrue(0 <= top and top + height <= 300)
+      self.assertTrue(0 <= left and left + width <= 400)
+      areas.append(height * width / (300 * 400))
+      if (height, width) != (300, 400):  # Not the whole-image fallback.
+        self.assertBetween(width / height, 3 / 4 * 0.95, 4 / 3 * 1.05)
+        self.assertBetween(areas[-1], 0.08 * 0.95, 1.0)
+    self.assertLess(min(areas), 0.3)  # Really random, not a fixed crop.
+    self.assertGreater(max(areas), 0.6)
+    # JPEG bytes and decoded pixels give the same augmented image.
+    pixels = np.random.default_rng(1).integers(0, 256, (300, 400, 3))
+    jpeg = tf.io.encode_jpeg(pixels.astype(np.uint8), quality=100)
+    seeds = tf.constant([[1, 2], [3, 4]])
+    from_jpeg = ip.augment_imagenet(jpeg, config, seeds)
+    decoded = ip.augment_imagenet(tf.io.decode_jpeg(jpeg), config, seeds)
+    self.assertEqual(from_jpeg.shape, (224, 224, 3))
+    self.assertAllClose(from_jpeg, decoded, atol=1e-3)
+
+  def test_preprocess_for_eval(self):
+    # ImageNet: 256x320 has its shorter side at 256 already, so the result
+    # is exactly the central 224x224, normalised per channel.
+    config = ip.preprocessing_config("imagenet2012")
+    images = np.random.default_rng(2).integers(0, 256, (2, 256, 320, 3))
+    out = ip.preprocess_for_eval(images.astype(np.uint8), config).numpy()
+    expected = ((images[:, 16:240, 48:272, :] - np.array(ip.IMAGENET_MEAN)) /
+                np.array(ip.IMAGENET_STD))
+    self.assertAllClose(out, expected, atol=1e-4)
+    # Any size, uint8 or float, inside a SavedModel-style signature.
+    signature = tf.function(
+        lambda x: ip.preprocess_for_eval(x, config),
+        input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8)])
+    big = np.random.default_rng(3).integers(0, 256, (1, 500, 375, 3))
+    from_uint8 = signature(tf.constant(big, tf.uint8))
+    self.assertEqual(from_uint8.shape, (1, 224, 224, 3))
+    self.assertAllClose(from_uint8,
+                        ip.preprocess_for_eval(big.astype(np.float32), config))
+    # CIFAR: per-image standardisation, nothing else.
+    cifar = ip.preprocessing_config("cifar10")
+    small = np.random.default_rng(4).integers(0, 256, (3, 32, 32, 3))
+    self.assertAllClose(ip.preprocess_for_eval(small.astype(np.uint8), cifar),
+                        _standardized(small), atol=1e-5)
+
+  # --- synthetic ----------------------------------------------------------
+
+  def test_synthetic_is_deterministic_learnable_and_not_one_pixel(self):
+    images, labels = ip.synthetic_arrays("train")
+    test_images, test_labels = ip.synthetic_arrays("test")
+    self.assertEqual(images.shape, (10_000, 32, 32, 3))
+    self.assertEqual(test_images.shape, (2_000, 32, 32, 3))
+    self.assertEqual(images.dtype, np.uint8)
+    again, again_labels = ip.synthetic_arrays.__wrapped__("train")
+    self.assertAllEqual(images, again)
+    self.assertAllEqual(labels, again_labels)
+    self.assertGreater(np.bincount(labels, minlength=10).min(), 800)
+
+    def accuracy(features, test_features):
+      # Nearest class mean, features standardised on the training set.
+      mean, std = features.mean(0), features.std(0) + 1e-6
+      features, test_features = (features - mean) / std, (
+          test_features - mean) / std
+      centroids = np.stack([features[labels == c].mean(0) for c in range(10)])
+      distances = ((test_features[:, None, :] - centroids[None]) ** 2).sum(-1)
+      return np.mean(distances.argmin(1) == test_labels)
+
+    # Translation-invariant texture features (the power spectrum) separate
+    # the classes well ...
+    def spectrum(x):
+      grey = x.astype(np.float32).mean(-1)
+      grey -= grey.mean((1, 2), keepdims=True)
+      power = np.abs(np.fft.rfft2(grey)) ** 2
+      return np.log1p(power).reshape(len(x), -1)
+
+    self.assertGreater(accuracy(spectrum(images), spectrum(test_images)), 0.6)
+    # ... while the best single pixel is barely better than chance (10%).
+    best_pixel = max(
+        accuracy(images[:, y, x, :].astype(np.float32),
+                 test_images[:, y, x, :].astype(np.float32))
+        for y, x in [(0, 0), (16, 16), (5, 27), (31, 31)])
+    self.assertLess(best_pixel, 0.2)
+
+  # --- tf.data: epochs, determinism, checkpoints, sharding ---------------
+
+  def test_training_epochs_are_permutations(self):
+    # No augmentation but standardisation: each training image identifies
+    # its example.
+    config = dict(ip.preprocessing_config("synthetic"), pad=0, flip=False)
+    reference = np.concatenate([x for x, _ in _batches(ip.build_dataset(
+        "synthetic", "train", 16, training=False, num_examples=48))])
+    self.assertEqual(len(reference), 48)
+    train = np.concatenate([x for x, _ in _batches(ip.build_dataset(
+        "synthetic", "train", 16, training=True, num_examples=48,
+        preprocessing=config, deterministic=True), 6)])
+
+    def indices(images):
+      return [int(np.argmin(np.abs(reference - x).max(axis=(1, 2, 3))))
+              for x in images]
+
+    first, second = indices(train[:48]), indices(train[48:])
+    self.assertCountEqual(first, range(48))
+    self.assertCountEqual(second, range(48))
+    self.assertNotEqual(first, second)  # Reshuffled every epoch.
+    self.assertNotEqual(first, list(range(48)))
+
+  def test_deterministic_batches_and_iterator_checkpoint(self):
+    def dataset(seed=0):
+      return ip.build_dataset("synthetic", "train", 16, training=True,
+                              seed=seed, deterministic=True)
+    first = _batches(dataset(), 5)
+    second = _batches(dataset(), 5)
+    for (x1, y1), (x2, y2) in zip(first, second):
+      self.assertAllEqual(x1, x2)
+      self.assertAllEqual(y1, y2)
+    other_seed = _batches(dataset(seed=1), 1)
+    self.assertNotAllClose(first[0][0], other_seed[0][0])
+
+    iterator = iter(dataset())
+    for _ in range(3):
+      next(iterator)
+    checkpoint = tf.train.Checkpoint(iterator=iterator)
+    path = checkpoint.save(
+        os.path.join(self.create_tempdir().full_path, "ckpt"))
+    after = [next(iterator) for _ in range(4)]
+    checkpoint.restore(path)
+    replayed = [next(iterator) for _ in range(4)]
+    fresh = iter(dataset())
+    tf.train.Checkpoint(iterator=fresh).restore(path)
+    resumed = [next(fresh) for _ in range(4)]
+    # Resuming by step number instead of an iterator checkpoint.
+    skipped = _batches(ip.build_dataset(
+        "synthetic", "train", 16, training=True, deterministic=True,
+        start_step=3), 4)
+    for (x1, y1), (x2, y2), (x3, y3), (x4, y4) in zip(
+        after, replayed, resumed, skipped):
+      self.assertAllEqual(x1, x2)
+      self.assertAllEqual(x1, x3)
+      self.assertAllEqual(x1, x4)
+      self.assertAllEqual(y1, y3)
+      self.assertAllEqual(y1, y4)
+    # The iterator state is a position and a few buffered batches, not a
+    # copy of the 30 MB of images.
+    size = sum(os.path.getsize(os.path.join(os.path.dirname(path), f))
+               for f in os.listdir(os.path.dirname(path)))
+    self.assertLess(size, 5_000_000)
+
+  def test_sharding_by_input_context(self):
+    def shard(per_replica, context=None, training=True, start_step=0):
+      return _batches(ip.build_dataset(
+          "synthetic", "train", per_replica, training=training,
+          num_examples=100, input_context=context, deterministic=True,
+          start_step=start_step), None if not training else 8)
+
+    # One pipeline, global batch 8 == two pipelines of one replica each, or
+    # two pipelines of two replicas each: the same examples with the same
+    # augmentation in every step, split between the replicas.
+    single = shard(8)
+    for pipelines, replicas in ((2, 2), (2, 4)):
+      per_replica = 8 // replicas
+      shards = [shard(per_replica, tf.distribute.InputContext(
+          pipelines, i, replicas)) for i in range(pipelines)]
+      per_pipeline = replicas // pipelines
+      for step in range(8 // per_pipeline):
+        parts = [shards[p][step * per_pipeline + r]
+                 for p in range(pipelines) for r in range(per_pipeline)]
+        self.assertAllEqual(np.concatenate([x for x, _ in parts]),
+                            single[step][0])
+        self.assertAllEqual(np.concatenate([y for _, y in parts]),
+                            single[step][1])
+      resumed = shard(per_replica, tf.distribute.InputContext(
+          pipelines, 1, replicas), start_step=2)
+      self.assertAllEqual(resumed[0][0], shards[1][2 * per_pipeline][0])
+    # Evaluation: disjoint contiguous shards covering every example once.
+    whole = np.concatenate([x for x, _ in shard(16, training=False)])
+    parts = [np.concatenate([x for x, _ in shard(
+        16, tf.distribute.InputContext(2, i, 2), training=False)])
+             for i in range(2)]
+    self.assertEqual([len(p) for p in parts], [50, 50])
+    self.assertAllEqual(np.concatenate(parts), whole)
+
+  def test_distribute_datasets_from_function(self):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    distributed = strategy.distribute_datasets_from_function(
+        lambda context: ip.build_dataset(
+            "synthetic", "train", 8, training=True, input_context=context,
+            deterministic=True))
+    images, labels = next(iter(distributed))
+    self.assertEqual(images.shape, (8, 32, 32, 3))
+    self.assertAllEqual(labels, _batches(ip.build_dataset(
+        "synthetic", "train", 8, training=True, deterministic=True), 1)[0][1])
+    # Parameter-server training builds per-worker datasets while tracing.
+    traced = tf.function(lambda: ip.build_dataset(
+        "synthetic", "train", 8, training=True)._variant_tensor)()
+    self.assertEqual(traced.dtype, tf.variant)
+
+  def test_evaluation_is_one_deterministic_pass(self):
+    config = ip.preprocessing_config("synthetic")
+    images, labels = ip.synthetic_arrays("test")
+    ds = ip.build_dataset("synthetic", "test", 64, training=False,
+                          num_examples=150)
+    first, second = _batches(ds), _batches(ds)
+    self.assertEqual([len(y) for _, y in first], [64, 64, 22])
+    for (x1, y1), (x2, y2) in zip(first, second):
+      self.assertAllEqual(x1, x2)
+      self.assertAllEqual(y1, y2)
+    self.assertAllClose(np.concatenate([x for x, _ in first]),
+                        ip.preprocess_for_eval(images[:150], config),
+                        atol=1e-5)
+    self.assertAllEqual(np.concatenate([y for _, y in first]), labels[:150])
+
+
+if __name__ == "__main__":
+  absltest.main()
