@@ -1,0 +1,81 @@
+"""Exports a trained run as the next version of a TF Serving model.
+
+    bazel run //bin:export -- --model_dir=runs/smoke --export_dir=serving/smoke
+    bazel run //bin:export -- --model_dir=runs/c10 --checkpoint=50000 \
+        --export_dir=serving/c10 --version=7 --overwrite
+
+Writes EXPORT_DIR/<version>/ (a SavedModel with the signatures
+serving_default and predict_images, plus model_info.json), atomically: a
+version directory either is complete or does not exist. Serve EXPORT_DIR
+with `tensorflow_model_server --model_base_path=EXPORT_DIR`; see
+docs/serving.md.
+"""
+
+import json
+import os
+
+from absl import app
+from absl import flags
+
+from identity_tf import serving_client
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("model_dir", None,
+                    "The training run's directory (config.json and "
+                    "checkpoints).")
+flags.DEFINE_string("checkpoint", None,
+                    "A step, ckpt-<step> or a checkpoint path prefix. "
+                    "Default: the latest in --model_dir.")
+flags.DEFINE_string("export_dir", None,
+                    "TF Serving's model base path: versions are written to "
+                    "EXPORT_DIR/<version>/.")
+flags.DEFINE_integer("version", None,
+                     "Version number. Default: one more than the highest in "
+                     "--export_dir (1 if none).")
+flags.DEFINE_boolean("overwrite", False,
+                     "Replace --version if it exists (TF Serving does not "
+                     "reload a version it has loaded: roll out new versions "
+                     "instead).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
+                     f"flags look like --export_dir=BASE")
+  if not FLAGS.model_dir:
+    raise SystemExit("error: --model_dir is required: the directory of a "
+                     "training run (bazel run //bin:train)")
+  if not FLAGS.export_dir:
+    raise SystemExit("error: --export_dir is required: TF Serving's model "
+                     "base path, e.g. --export_dir=serving/my_model")
+  model_dir = serving_client.resolve_path(FLAGS.model_dir)
+  export_dir = serving_client.resolve_path(FLAGS.export_dir)
+  checkpoint = FLAGS.checkpoint
+  if checkpoint and not checkpoint.isdigit() and os.sep in checkpoint:
+    checkpoint = serving_client.resolve_path(checkpoint)
+  # Imported here so that --help and flag errors do not wait for TensorFlow.
+  from identity_tf import export  # pylint: disable=g-import-not-at-top
+  try:
+    version, path, info = export.export_run(
+        model_dir, export_dir, checkpoint=checkpoint, version=FLAGS.version,
+        overwrite=FLAGS.overwrite)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+
+  print(f"exported step {info['step']} of {model_dir} as version {version}: "
+        f"{path}")
+  print(json.dumps({"classes": info["classes"]["count"],
+                    "input": info["input"], "preset": info["preset"]}))
+  stale = export.stale_temporary_dirs(export_dir)
+  if stale:
+    print(f"note: {len(stale)} unfinished export(s) left by killed runs "
+          f"(ignored by TF Serving; safe to delete): {', '.join(stale)}")
+  name = os.path.basename(os.path.normpath(export_dir))
+  print(f"serve:   tensorflow_model_server --port=8500 --rest_api_port=8501 "
+        f"--model_name={name} --model_base_path={export_dir}")
+  print(f"inspect: saved_model_cli show --dir {path} --all")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,75 @@
+"""Asks a TF Serving server for the top-k classes of images or pixel arrays.
+
+    bazel run //bin:serve_client -- --server=localhost:8501 \
+        --model_name=smoke cat.png dog.jpg
+    bazel run //bin:serve_client -- --server=localhost:8500 --protocol=grpc \
+        --model_name=smoke --model_info=serving/smoke/1/model_info.json \
+        batch.npy
+
+Image files (JPEG, PNG) go to the `predict_images` signature as encoded
+bytes; .npy arrays of raw 0-255 pixels ([H, W, 3] or [batch, H, W, 3]) to
+`serving_default`. Prints one line per image: its top-k classes with their
+probabilities. See docs/serving.md.
+"""
+
+from absl import app
+from absl import flags
+
+from identity_tf import serving_client
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("server", "localhost:8501",
+                    "HOST:PORT of TF Serving: its REST port (8501 by "
+                    "convention) or, with --protocol=grpc, its gRPC port "
+                    "(8500).")
+flags.DEFINE_string("model_name", None,
+                    "The served model's name (tensorflow_model_server "
+                    "--model_name).")
+flags.DEFINE_enum("protocol", "rest", list(serving_client.PROTOCOLS),
+                  "rest: POST /v1/models/NAME:predict JSON; grpc: "
+                  "PredictionService/Predict.")
+flags.DEFINE_string("signature", None,
+                    f"One of {', '.join(serving_client.SIGNATURES)}. Default: "
+                    f"{serving_client.IMAGES_SIGNATURE} for image files, "
+                    f"{serving_client.DEFAULT_SIGNATURE} for .npy arrays.")
+flags.DEFINE_integer("model_version", None,
+                     "Ask for this version. Default: the server's choice "
+                     "(the latest).")
+flags.DEFINE_integer("top_k", 5, "Classes printed per image.")
+flags.DEFINE_string("model_info", None,
+                    "model_info.json of the export, to print class names.")
+flags.DEFINE_float("timeout", 30.0, "Seconds to wait for each answer.")
+
+
+def main(argv):
+  paths = argv[1:]
+  if not paths:
+    raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "
+                     "arrays after the flags")
+  if not FLAGS.model_name:
+    raise SystemExit("error: --model_name is required (the name the server "
+                     "was started with, tensorflow_model_server "
+                     "--model_name)")
+  if FLAGS.top_k < 1:
+    raise SystemExit(f"error: --top_k must be at least 1, got {FLAGS.top_k}")
+  try:
+    inputs = [serving_client.read_input(serving_client.resolve_path(path),
+                                        display_name=path)
+              for path in paths]
+    names = (serving_client.read_class_names(
+        serving_client.resolve_path(FLAGS.model_info))
+             if FLAGS.model_info else None)
+    results = serving_client.predict(
+        FLAGS.server, FLAGS.model_name, inputs, protocol=FLAGS.protocol,
+        signature=FLAGS.signature, version=FLAGS.model_version,
+        timeout=FLAGS.timeout)
+  except serving_client.ServingError as e:
+    raise SystemExit(f"error: {e}") from None
+  for name, probabilities in results:
+    print(serving_client.format_prediction(name, probabilities, FLAGS.top_k,
+                                           names))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,762 @@
+"""Tests of the TF Serving export (bin/export) and client (bin/serve_client).
+
+One tiny run is trained once (train.py's library function) and exported
+once with the binary; the client is checked against `TfServingTestDouble`,
+a loopback stand-in for TF Serving's REST and gRPC Predict API defined here.
+It is NOT TF Serving: it loads the exported SavedModel with
+tf.saved_model.load and imitates the API's request and error formats.
+"""
+
+import base64
+import concurrent.futures
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from unittest import mock
+
+from absl.testing import absltest
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from identity_tf import configs
+from identity_tf import export
+from identity_tf import input_pipeline
+from identity_tf import model as model_lib
+from identity_tf import serving_client
+from identity_tf import train
+
+import testing
+
+MODEL_NAME = "smoke"
+# Exported vs Keras outputs: the same float32 ops in a different graph; only
+# the order of floating-point reductions may differ.
+PROBABILITY_TOLERANCE = 1e-5
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _read(path):
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def _png(pixels):
+  return tf.io.encode_png(tf.cast(pixels, tf.uint8)).numpy()
+
+
+class _Status(Exception):
+  """A failed request: a gRPC status code name and TF Serving-like message."""
+
+  def __init__(self, code, message):
+    super().__init__(message)
+    self.code = code
+    self.message = message
+
+
+_HTTP_STATUS = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400,
+                "RESOURCE_EXHAUSTED": 503}
+
+
+class TfServingTestDouble:
+  """A TEST DOUBLE of TF Serving's Predict API -- not TF Serving.
+
+  Serves BASE_DIR's integer-named versions (loaded with tf.saved_model.load,
+  hidden directories ignored, as TF Serving does) under MODEL_NAME on
+  127.0.0.1:
+  * REST: POST /v1/models/NAME[/versions/N]:predict with a row-format JSON
+    body ({"signature_name", "instances"}, {"b64": ...} for string inputs);
+    answers {"predictions": [{output: value}, ...]} or {"error": ...} with
+    HTTP 404 (unknown model/version) or 400 (bad request);
+  * gRPC: tensorflow.serving.PredictionService/Predict.
+  Inputs are checked against the signature's names, dtypes and shapes, then
+  the signature runs; its InvalidArgumentErrors become INVALID_ARGUMENT.
+  Every request and body is recorded. At most MAX_REQUESTS are answered.
+  """
+
+  MAX_REQUESTS = 100
+  TIMEOUT = 60
+
+  def __init__(self, base_dir, model_name):
+    self.model_name = model_name
+    self.versions = {
+        int(name): tf.saved_model.load(os.path.join(base_dir, name))
+        for name in os.listdir(base_dir) if name.isdigit()}
+    self.rest_requests = []  # (path, parsed JSON body)
+    self.grpc_requests = []  # PredictRequest
+    self._count = 0
+    self._lock = threading.Lock()
+
+    double = self
+
+    class RestHandler(http.server.BaseHTTPRequestHandler):
+      timeout = self.TIMEOUT
+
+      def do_POST(self):  # pylint: disable=invalid-name
+        length = int(self.headers.get("Content-Length", 0))
+        status, body = double.handle_rest(self.path, self.rfile.read(length))
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+      def log_message(self, *args):
+        del args
+
+    self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RestHandler)
+    self._http.daemon_threads = True
+    self.rest_address = f"127.0.0.1:{self._http.server_address[1]}"
+    self._http_thread = threading.Thread(target=self._http.serve_forever,
+                                         daemon=True)
+    self._http_thread.start()
+
+    class Servicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+
+      def Predict(self, request, context):  # pylint: disable=invalid-name
+        return double.handle_grpc(request, context)
+
+    self._grpc = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(max_workers=2),
+        maximum_concurrent_rpcs=4)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        Servicer(), self._grpc)
+    port = self._grpc.add_insecure_port("127.0.0.1:0")
+    self.grpc_address = f"127.0.0.1:{port}"
+    self._grpc.start()
+
+  def close(self):
+    self._http.shutdown()
+    self._http.server_close()
+    self._grpc.stop(grace=None).wait(10)
+
+  def predict(self, model_name, version, signature_name, inputs):
+    """{output: array} of the request, or raises _Status."""
+    with self._lock:
+      self._count += 1
+      if self._count > self.MAX_REQUESTS:
+        raise _Status("RESOURCE_EXHAUSTED", "test double request limit")
+    if model_name != self.model_name or (
+        version is not None and version not in self.versions):
+      spec = (f"Specific({model_name}, {version})" if version is not None
+              else f"Latest({model_name})")
+      raise _Status("NOT_FOUND", f"Servable not found for request: {spec}")
+    loaded = self.versions[version or max(self.versions)]
+    if signature_name not in loaded.signatures:
+      raise _Status("INVALID_ARGUMENT",
+                    f"Serving signature key \"{signature_name}\" not found.")
+    function = loaded.signatures[signature_name]
+    specs = function.structured_input_signature[1]
+    if set(inputs) != set(specs):
+      raise _Status("INVALID_ARGUMENT",
+                    f"inputs {sorted(inputs)} != signature's {sorted(specs)}")
+    for name, value in inputs.items():
+      spec = specs[name]
+      if value.dtype != spec.dtype:
+        raise _Status("INVALID_ARGUMENT",
+                      f"Expects arg {name} to be {spec.dtype.name} but "
+                      f"{value.dtype.name} is provided")
+      if not spec.shape.is_compatible_with(value.shape):
+        raise _Status("INVALID_ARGUMENT",
+                      f"{name}: shape {value.shape} is not compatible with "
+                      f"the signature's {spec.shape}")
+    try:
+      outputs = function(**inputs)
+    except tf.errors.InvalidArgumentError as e:
+      raise _Status("INVALID_ARGUMENT", e.message) from None
+    return {name: tensor.numpy() for name, tensor in outputs.items()}
+
+  def _spec(self, model_name, version, signature_name):
+    loaded = self.versions.get(version or max(self.versions))
+    if model_name != self.model_name or loaded is None or (
+        signature_name not in loaded.signatures):
+      return None
+    return loaded.signatures[signature_name].structured_input_signature[1]
+
+  def handle_rest(self, path, raw):
+    """(HTTP status, JSON body) of a REST request."""
+    try:
+      match = re.fullmatch(
+          r"/v1/models/([^/:]+)(?:/versions/(\d+))?:predict", path)
+      if not match:
+        raise _Status("NOT_FOUND", f"Malformed request: POST {path}")
+      model_name = match.group(1)
+      version = int(match.group(2)) if match.group(2) else None
+      try:
+        body = json.loads(raw)
+      except ValueError as e:
+        raise _Status("INVALID_ARGUMENT", f"JSON Parse error: {e}") from None
+      self.rest_requests.append((path, body))
+      signature_name = body.get("signature_name", "serving_default")
+      if "instances" not in body:
+        raise _Status("INVALID_ARGUMENT",
+                      "Missing 'instances' key")
+      specs = self._spec(model_name, version, signature_name)
+      if specs is None:  # predict() reports which part is unknown.
+        self.predict(model_name, version, signature_name, {})
+      (name, spec), = specs.items()  # One input: rows are its values.
+      rows = body["instances"]
+      if spec.dtype == tf.string:
+        if not all(isinstance(row, dict) and set(row) == {"b64"}
+                   for row in rows):
+          raise _Status("INVALID_ARGUMENT",
+                        "string tensors must be sent as {\"b64\": ...}")
+        value = tf.constant([base64.b64decode(row["b64"]) for row in rows],
+                            tf.string)
+      else:
+        try:
+          value = tf.constant(np.array(rows, spec.dtype.as_numpy_dtype))
+        except (ValueError, TypeError) as e:
+          raise _Status("INVALID_ARGUMENT", f"bad instances: {e}") from None
+      outputs = self.predict(model_name, version, signature_name,
+                             {name: value})
+      count = len(next(iter(outputs.values())))
+      predictions = [{key: array[i].tolist() for key, array in outputs.items()}
+                     for i in range(count)]
+      return 200, {"predictions": predictions}
+    except _Status as e:
+      return _HTTP_STATUS.get(e.code, 500), {"error": e.message}
+
+  def handle_grpc(self, request, context):
+    self.grpc_requests.append(predict_pb2.PredictRequest.FromString(
+        request.SerializeToString()))
+    version = (request.model_spec.version.value
+               if request.model_spec.HasField("version") else None)
+    try:
+      inputs = {name: tf.constant(tf.make_ndarray(proto)) for name, proto in
+                request.inputs.items()}
+      outputs = self.predict(request.model_spec.name, version,
+                             request.model_spec.signature_name or
+                             "serving_default", inputs)
+    except _Status as e:
+      context.abort(getattr(grpc.StatusCode, e.code), e.message)
+    response = predict_pb2.PredictResponse()
+    response.model_spec.CopyFrom(request.model_spec)
+    for name, array in outputs.items():
+      if not request.output_filter or name in request.output_filter:
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(array))
+    return response
+
+
+def _saved_model_cli(*args):
+  """Runs saved_model_cli (TensorFlow's) with ARGS; returns CompletedProcess."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.run(
+      [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", *args],
+      capture_output=True, text=True, timeout=300, env=env, check=False)
+
+
+class ExportTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp(prefix="export_test_")
+    cls.model_dir = os.path.join(cls.tmp, "run")
+    cls.base = os.path.join(cls.tmp, "serving", MODEL_NAME)
+    # A tiny trained checkpoint, trained the way bin/train does.
+    config = configs.resolve(
+        "smoke", train_steps=40, batch_size=32, num_train_examples=1024,
+        num_eval_examples=64, eval_at_end=False, checkpoint_steps=40,
+        log_steps=20, steps_per_loop=20)
+    train.train(config, cls.model_dir, echo=lambda line: None)
+    cls.export_result = testing.run_binary(
+        "export", f"--model_dir={cls.model_dir}", f"--export_dir={cls.base}")
+    cls.model, cls.description, cls.step = train.restore_model(cls.model_dir)
+    # Held-out images of the dataset the model was trained on.
+    images, _ = input_pipeline.synthetic_arrays("test")
+    cls.pixels = images[:6].astype(np.float32)
+    logits = cls.model(input_pipeline.preprocess_for_eval(
+        cls.pixels, cls.description["preprocessing"]), training=False)
+    cls.keras_probabilities = tf.nn.softmax(logits).numpy()
+    cls.keras_classes = np.argmax(cls.keras_probabilities, axis=-1)
+    cls.double = None
+    if cls.export_result.returncode == 0:
+      cls.double = TfServingTestDouble(cls.base, MODEL_NAME)
+
+  @classmethod
+  def tearDownClass(cls):
+    if cls.double is not None:
+      cls.double.close()
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  def setUp(self):
+    super().setUp()
+    if self.double is None:
+      self.fail(f"bin/export failed:\n{self.export_result.stderr[-3000:]}")
+
+  def _signature(self, name):
+    return self.double.versions[1].signatures[name]
+
+  def _files(self, names_and_data):
+    paths = []
+    directory = self.create_tempdir().full_path
+    for name, data in names_and_data:
+      path = os.path.join(directory, name)
+      with open(path, "wb") as f:
+        f.write(data)
+      paths.append(path)
+    return paths
+
+  def _assert_clear_top_classes(self):
+    """Checks that every test image has a clear most probable class.
+
+    Comparing classes is only meaningful where the top two probabilities
+    are further apart than twice the outputs' tolerance (with a factor 5 to
+    spare); the tiny run's are (about 5e-4 or more).
+    """
+    top2 = np.sort(self.keras_probabilities, axis=-1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    self.assertTrue(np.all(margins > 5 * 2 * PROBABILITY_TOLERANCE),
+                    f"test images too close to call: top-2 margins {margins}")
+
+  # -------------------------------------------------------------------------
+  # The export.
+
+  def test_binary_writes_version_1_with_model_info(self):
+    self.assertEqual(os.listdir(self.base), ["1"])
+    self.assertIn(f"as version 1: {os.path.join(self.base, '1')}",
+                  self.export_result.stdout)
+    version_dir = os.path.join(self.base, "1")
+    self.assertTrue(tf.saved_model.contains_saved_model(version_dir))
+    with open(os.path.join(version_dir, export.MODEL_INFO_FILE)) as f:
+      info = json.load(f)
+    self.assertEqual(info["version"], 1)
+    self.assertEqual(info["step"], self.step)
+    self.assertEqual(info["step"], 40)
+    self.assertEqual(info["preset"], "smoke")
+    self.assertEqual(info["dataset"], "synthetic")
+    self.assertEqual(info["classes"], {"count": 10, "names": None})
+    self.assertEqual(info["input"]["image_size"], 32)
+    self.assertEqual(info["model"]["name"], "cifar10")
+    self.assertEqual(info["preprocessing"],
+                     self.description["preprocessing"])
+    self.assertEqual(info["checkpoint"],
+                     train.find_checkpoint(self.model_dir))
+
+  def test_saved_model_cli_shows_and_runs_both_signatures(self):
+    directory = self.create_tempdir().full_path
+    np.save(os.path.join(directory, "batch.npy"), self.pixels)
+    outdir = os.path.join(directory, "out")
+    version_dir = os.path.join(self.base, "1")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+      show = pool.submit(_saved_model_cli, "show", "--dir", version_dir,
+                         "--all")
+      run = pool.submit(
+          _saved_model_cli, "run", "--dir", version_dir, "--tag_set", "serve",
+          "--signature_def", "serving_default",
+          "--inputs", f"images={os.path.join(directory, 'batch.npy')}",
+          "--outdir", outdir)
+      show, run = show.result(), run.result()
+
+    self.assertEqual(show.returncode, 0, show.stderr[-2000:])
+    signatures = {}
+    for block in show.stdout.split("signature_def['")[1:]:
+      name = block[:block.index("'")]
+      signatures[name] = re.findall(
+          r"(inputs|outputs)\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+"
+          r"shape: (\([^)]*\))", block)
+    self.assertEqual(sorted(
+        signatures[serving_client.DEFAULT_SIGNATURE]), [
+            ("inputs", "images", "DT_FLOAT", "(-1, 32, 32, 3)"),
+            ("outputs", "classes", "DT_INT64", "(-1)"),
+            ("outputs", "probabilities", "DT_FLOAT", "(-1, 10)")])
+    self.assertEqual(sorted(
+        signatures[serving_client.IMAGES_SIGNATURE]), [
+            ("inputs", "images", "DT_STRING", "(-1)"),
+            ("outputs", "classes", "DT_INT64", "(-1)"),
+            ("outputs", "probabilities", "DT_FLOAT", "(-1, 10)")])
+    self.assertEqual(show.stdout.count(
+        "Method name is: tensorflow/serving/predict"), 2)
+
+    # `run` loads the SavedModel in a TF1 session, as TF Serving does.
+    self.assertEqual(run.returncode, 0, run.stderr[-2000:])
+    classes = np.load(os.path.join(outdir, "classes.npy"))
+    probabilities = np.load(os.path.join(outdir, "probabilities.npy"))
+    self.assertEqual(classes.dtype, np.int64)
+    self._assert_clear_top_classes()
+    np.testing.assert_array_equal(classes, self.keras_classes)
+    np.testing.assert_allclose(probabilities, self.keras_probabilities,
+                               atol=PROBABILITY_TOLERANCE)
+
+  def test_signatures_equal_the_keras_model(self):
+    outputs = self._signature("serving_default")(
+        images=tf.constant(self.pixels))
+    np.testing.assert_allclose(outputs["probabilities"].numpy(),
+                               self.keras_probabilities,
+                               atol=PROBABILITY_TOLERANCE)
+    self._assert_clear_top_classes()
+    np.testing.assert_array_equal(outputs["classes"].numpy(),
+                                  self.keras_classes)
+    # PNG is lossless: the decoded files are the same pixels.
+    encoded = tf.constant([_png(image) for image in self.pixels])
+    from_files = self._signature("predict_images")(images=encoded)
+    np.testing.assert_allclose(from_files["probabilities"].numpy(),
+                               self.keras_probabilities,
+                               atol=PROBABILITY_TOLERANCE)
+    self.assertEqual(from_files["classes"].dtype, tf.int64)
+
+  def test_model_info_names_cifar_and_imagenet_classes(self):
+    for dataset, model_name, count in (("cifar10", "cifar10", 10),
+                                       ("cifar100", "cifar100", 100)):
+      description = train.describe_run(configs.resolve(
+          "smoke", model=model_name, dataset=dataset))
+      info = export.model_info(description, 7, version=3)
+      self.assertEqual(info["classes"]["count"], count)
+      names = info["classes"]["names"]
+      self.assertLen(set(names), count)
+      self.assertEqual(info["preset"], "smoke")
+      self.assertEqual(info["step"], 7)
+    self.assertEqual(export.CIFAR10_LABELS[3], "cat")
+    self.assertEqual(export.CIFAR100_LABELS[:2], ("apple", "aquarium_fish"))
+    self.assertEqual(export.CIFAR100_LABELS[-1], "worm")
+    self.assertEqual(list(export.CIFAR100_LABELS),
+                     sorted(export.CIFAR100_LABELS))
+    imagenet = export.class_names("imagenet2012")
+    self.assertLen(set(imagenet), 1000)
+    self.assertTrue(all(re.fullmatch(r"n\d{8}", n) for n in imagenet))
+    # A description whose dataset does not match the model is refused.
+    description = train.describe_run(configs.resolve(
+        "smoke", model="cifar100", dataset="cifar100"))
+    with self.assertRaisesRegex(ValueError, "10 classes but cifar100 has 100"):
+      export.export_model(self.model, description, 1,
+                          self.create_tempdir().full_path)
+
+  def test_imagenet_export_resizes_any_size_inside_the_graph(self):
+    model = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
+    description = train.describe_run(configs.resolve(
+        "smoke", model="imagenet", dataset="imagenet2012", width=1 / 16,
+        units=(1, 1, 1, 1), seed=3))
+    base = self.create_tempdir().full_path
+    version, path = export.export_model(model, description, 5, base)
+    self.assertEqual(version, 1)
+    with open(os.path.join(path, export.MODEL_INFO_FILE)) as f:
+      info = json.load(f)
+    self.assertEqual(info["classes"]["names"][0], "n01440764")
+    self.assertEqual(
+        info["signatures"]["serving_default"]["inputs"]["images"]["shape"],
+        [-1, -1, -1, 3])
+    loaded = tf.saved_model.load(path)
+    rng = np.random.default_rng(0)
+    # Integer pixel values: PNG holds them exactly.
+    wide = rng.integers(0, 256, (2, 150, 260, 3)).astype(np.float32)
+    outputs = loaded.signatures["serving_default"](images=tf.constant(wide))
+    expected = tf.nn.softmax(model(input_pipeline.preprocess_for_eval(
+        wide, description["preprocessing"]))).numpy()
+    self.assertEqual(outputs["probabilities"].shape, (2, 1000))
+    np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,
+                               atol=PROBABILITY_TOLERANCE)
+    # Files of different sizes in one batch.
+    tall = rng.integers(0, 256, (300, 200, 3)).astype(np.float32)
+    files = tf.constant([_png(wide[0]), _png(tall)])
+    outputs = loaded.signatures["predict_images"](images=files)
+    expected = tf.nn.softmax(model(tf.concat([
+        input_pipeline.preprocess_for_eval(x[np.newaxis],
+                                           description["preprocessing"])
+        for x in (wide[0], tall)], 0))).numpy()
+    np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,
+                               atol=PROBABILITY_TOLERANCE)
+
+  # -------------------------------------------------------------------------
+  # Versions.
+
+  def test_versions_count_up_and_are_never_overwritten(self):
+    base = self.create_tempdir().full_path
+    os.mkdir(os.path.join(base, "notes"))  # Not a version: ignored.
+    shutil.copytree(os.path.join(self.base, "1"), os.path.join(base, "1"))
+    second, path = export.export_model(self.model, self.description, 40, base)
+    self.assertEqual(second, 2)
+    self.assertEqual(export.existing_versions(base), [1, 2])
+    with self.assertRaisesRegex(ValueError,
+                                "version 2 already exists.*--overwrite"):
+      export.export_model(self.model, self.description, 40, base, version=2)
+    export.export_model(self.model, self.description, 41, base, version=2,
+                        overwrite=True)
+    with open(os.path.join(path, export.MODEL_INFO_FILE)) as f:
+      self.assertEqual(json.load(f)["step"], 41)
+    self.assertEqual(sorted(os.listdir(base)), ["1", "2", "notes"])
+
+  def test_binary_refuses_an_existing_version(self):
+    result = testing.run_binary(
+        "export", f"--model_dir={self.model_dir}",
+        f"--export_dir={self.base}", "--version=1")
+    self.assertNotEqual(result.returncode, 0)
+    self.assertEqual(
+        testing.last_stderr_line(result),
+        f"error: version 1 already exists in {self.base}; pass --overwrite "
+        f"or omit --version (the next is 2)")
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertEqual(os.listdir(self.base), ["1"])
+
+  def test_failed_export_leaves_no_version(self):
+    base = self.create_tempdir().full_path
+
+    def save_then_fail(module, path):
+      del module
+      with open(os.path.join(path, "saved_model.pb"), "wb") as f:
+        f.write(b"half")
+      raise KeyboardInterrupt
+
+    with mock.patch.object(export.ServingModule, "save", save_then_fail):
+      with self.assertRaises(KeyboardInterrupt):
+        export.export_model(self.model, self.description, 40, base)
+    self.assertEqual(os.listdir(base), [])
+
+  def test_killed_export_leaves_no_visible_version(self):
+    base = self.create_tempdir().full_path
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = testing.source_root() + os.pathsep + env.get(
+        "PYTHONPATH", "")
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(testing.source_root(), "bin",
+                                      "export.py"),
+         f"--model_dir={self.model_dir}", f"--export_dir={base}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+      deadline = time.monotonic() + 240
+      # Kill it (SIGKILL: no clean-up) once it is writing.
+      while not export.stale_temporary_dirs(base):
+        self.assertIsNone(process.poll(), "the export ended before writing")
+        self.assertLess(time.monotonic(), deadline)
+        time.sleep(0.01)
+      process.send_signal(signal.SIGKILL)
+    finally:
+      process.kill()
+      process.communicate(timeout=60)
+    self.assertEqual(export.existing_versions(base), [])
+    self.assertTrue(all(name.startswith(".") for name in os.listdir(base)))
+    self.assertLen(export.stale_temporary_dirs(base), 1)
+    # What TF Serving would see: no version; the next export is version 1.
+    self.assertEqual(export.choose_version(base), 1)
+
+  # -------------------------------------------------------------------------
+  # The client against the test double.
+
+  def test_client_rest_and_grpc_requests(self):
+    files = self._files([(f"img{i}.png", _png(x))
+                         for i, x in enumerate(self.pixels[:3])])
+    inputs = [serving_client.read_input(path) for path in files]
+    self._assert_clear_top_classes()
+    for protocol, address in (("rest", self.double.rest_address),
+                              ("grpc", self.double.grpc_address)):
+      results = serving_client.predict(
+          address, MODEL_NAME, inputs, protocol=protocol, version=1)
+      self.assertEqual([name for name, _ in results], files)
+      probabilities = np.stack([p for _, p in results])
+      np.testing.assert_allclose(probabilities, self.keras_probabilities[:3],
+                                 atol=PROBABILITY_TOLERANCE)
+      np.testing.assert_array_equal(np.argmax(probabilities, axis=-1),
+                                    self.keras_classes[:3])
+    path, body = self.double.rest_requests[-1]
+    self.assertEqual(path, f"/v1/models/{MODEL_NAME}/versions/1:predict")
+    self.assertEqual(body["signature_name"], "predict_images")
+    self.assertEqual(body["instances"], [
+        {"b64": base64.b64encode(_read(p)).decode()} for p in files])
+    request = self.double.grpc_requests[-1]
+    self.assertEqual(request.model_spec.name, MODEL_NAME)
+    self.assertEqual(request.model_spec.version.value, 1)
+    self.assertEqual(request.model_spec.signature_name, "predict_images")
+    self.assertEqual(list(request.inputs["images"].string_val),
+                     [_read(p) for p in files])
+    # Arrays go to serving_default, without a version: the latest.
+    array = serving_client.Input("a.npy", "array", self.pixels[:2],
+                                 ["a.npy[0]", "a.npy[1]"])
+    for protocol, address in (("rest", self.double.rest_address),
+                              ("grpc", self.double.grpc_address)):
+      results = serving_client.predict(address, MODEL_NAME, [array],
+                                       protocol=protocol)
+      np.testing.assert_allclose(np.stack([p for _, p in results]),
+                                 self.keras_probabilities[:2],
+                                 atol=PROBABILITY_TOLERANCE)
+    path, body = self.double.rest_requests[-1]
+    self.assertEqual(path, f"/v1/models/{MODEL_NAME}:predict")
+    self.assertEqual(body["signature_name"], "serving_default")
+    np.testing.assert_array_equal(np.array(body["instances"]),
+                                  self.pixels[:2])
+    proto = self.double.grpc_requests[-1].inputs["images"]
+    self.assertFalse(self.double.grpc_requests[-1].model_spec.HasField(
+        "version"))
+    np.testing.assert_array_equal(tf.make_ndarray(proto), self.pixels[:2])
+
+  def test_client_binary_prints_top_k_or_one_error_line(self):
+    directory = self.create_tempdir().full_path
+    batch = os.path.join(directory, "batch.npy")
+    np.save(batch, self.pixels[:2])
+    png = self._files([("first.png", _png(self.pixels[0]))])[0]
+    runs = {  # Run side by side: each process spends seconds importing.
+        "rest": (f"--server={self.double.rest_address}",
+                 f"--model_name={MODEL_NAME}", "--top_k=3", png,
+                 "--model_info=" + os.path.join(self.base, "1",
+                                                export.MODEL_INFO_FILE)),
+        "grpc": (f"--server={self.double.grpc_address}", "--protocol=grpc",
+                 f"--model_name={MODEL_NAME}", "--top_k=3", batch),
+        "unknown_model": (f"--server={self.double.rest_address}",
+                          "--model_name=nope", png),
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+      futures = {key: pool.submit(testing.run_binary, "serve_client", *args)
+                 for key, args in runs.items()}
+      results = {key: future.result() for key, future in futures.items()}
+    for key in ("rest", "grpc"):
+      self.assertEqual(results[key].returncode, 0, results[key].stderr[-2000:])
+    lines = results["rest"].stdout.splitlines() + (
+        results["grpc"].stdout.splitlines())
+    self.assertLen(lines, 3)
+    self.assertTrue(lines[0].startswith(f"{png}: "))
+    self.assertTrue(lines[1].startswith(f"{batch}[0]: "))
+    self.assertTrue(lines[2].startswith(f"{batch}[1]: "))
+    for line, i in zip(lines, (0, 0, 1)):
+      ranked = re.findall(r"(\d+) (\d\.\d{4})", line.split(": ", 1)[1])
+      self.assertLen(ranked, 3)
+      self.assertEqual(int(ranked[0][0]), self.keras_classes[i])
+      self.assertAlmostEqual(float(ranked[0][1]),
+                             self.keras_probabilities[i].max(), places=3)
+    unknown = results["unknown_model"]
+    self.assertNotEqual(unknown.returncode, 0)
+    self.assertNotIn("Traceback", unknown.stderr)
+    self.assertEqual(
+        testing.last_stderr_line(unknown),
+        f"error: {self.double.rest_address} does not serve model 'nope' "
+        f"(Servable not found for request: Latest(nope)); check --model_name "
+        f"(tensorflow_model_server's --model_name) and --model_version")
+
+  def test_client_errors(self):
+    text = self._files([("notes.txt", b"hello")])[0]
+    png = self._files([("one.png", _png(self.pixels[0]))])[0]
+    with self.assertRaisesWithLiteralMatch(
+        serving_client.ServingError,
+        f"{text} is neither a JPEG/PNG image nor a .npy array; pass image "
+        f"files or .npy arrays of raw 0-255 pixels"):
+      serving_client.read_input(text)
+    inputs = [serving_client.read_input(png)]
+    closed = f"127.0.0.1:{_free_port()}"
+    with self.assertRaisesRegex(
+        serving_client.ServingError,
+        f"^cannot reach TF Serving's REST API at {closed} \\(.*refused.*\\); "
+        f"start tensorflow_model_server with --rest_api_port"):
+      serving_client.predict(closed, MODEL_NAME, inputs, timeout=10)
+    with self.assertRaisesRegex(
+        serving_client.ServingError,
+        f"^cannot reach TF Serving's gRPC API at {closed} .*; start "
+        f"tensorflow_model_server with --port"):
+      serving_client.predict(closed, MODEL_NAME, inputs, protocol="grpc",
+                             timeout=10)
+    with self.assertRaisesRegex(serving_client.ServingError,
+                                "does not serve model 'smoke' version 9"):
+      serving_client.predict(self.double.grpc_address, MODEL_NAME, inputs,
+                             protocol="grpc", version=9)
+    with self.assertRaisesRegex(serving_client.ServingError,
+                                "takes encoded JPEG/PNG files"):
+      serving_client.predict(self.double.rest_address, MODEL_NAME,
+                             [serving_client.Input("a.npy", "array",
+                                                   self.pixels[:1], ["a"])],
+                             signature="predict_images")
+    bad_array = os.path.join(self.create_tempdir().full_path, "gray.npy")
+    np.save(bad_array, np.zeros([4, 32, 32]))
+    with self.assertRaisesRegex(serving_client.ServingError,
+                                r"shape \[4, 32, 32\]; expected raw 0-255"):
+      serving_client.read_input(bad_array)
+    info = os.path.join(self.create_tempdir().full_path, "info.json")
+    with open(info, "w") as f:
+      json.dump({"classes": {"count": 3, "names": ["a", "b", "c"]}}, f)
+    self.assertEqual(
+        serving_client.format_prediction(
+            "x.png", np.array([0.1, 0.7, 0.2]), 2,
+            serving_client.read_class_names(info)),
+        "x.png: 1 (b) 0.7000, 2 (c) 0.2000")
+
+  # -------------------------------------------------------------------------
+  # Bad requests.
+
+  def test_bad_requests_fail_cleanly(self):
+    png = _png(self.pixels[0])
+    small_png = _png(self.pixels[0][:28, :28])
+    bad_arrays = {
+        "rank": (self.pixels[0], "not compatible"),
+        "size": (self.pixels[:2, :28, :28], "not compatible"),
+        "range": (np.stack([self.pixels[0], self.pixels[1] - 128.0]),
+                  r"images\[1\] has values outside 0-255"),
+        "nan": (np.stack([self.pixels[0], np.full_like(self.pixels[0],
+                                                       np.nan)]),
+                r"images\[1\] has values outside 0-255"),
+        # REST cannot say "0 images of 32x32x3": [] has the wrong rank.
+        "empty": (self.pixels[:0], "(images is empty|not compatible)"),
+    }
+    bad_files = {
+        "undecodable": ([png, b"\x89PNG\r\n\x1a\n garbage", png],
+                        r"images\[1\] is not a decodable JPEG or PNG image"),
+        "text": ([b"hello", png], r"images\[0\] is not a decodable"),
+        "size": ([png, png, small_png],
+                 r"images\[2\] is not 32x32 pixels"),
+        "empty": ([], "images is empty"),
+    }
+    for protocol in ("rest", "grpc"):
+      send = (serving_client.rest_predict if protocol == "rest"
+              else serving_client.grpc_predict)
+      address = (self.double.rest_address if protocol == "rest"
+                 else self.double.grpc_address)
+      for key, (batch, message) in bad_arrays.items():
+        if protocol == "rest" and key == "nan":
+          continue  # JSON has no NaN.
+        with self.subTest(protocol=protocol, array=key):
+          with self.assertRaisesRegex(serving_client.ServingError,
+                                      "refused the request.*" + message):
+            send(address, MODEL_NAME, "serving_default", batch)
+      for key, (batch, message) in bad_files.items():
+        with self.subTest(protocol=protocol, files=key):
+          with self.assertRaisesRegex(serving_client.ServingError,
+                                      "refused the request.*" + message):
+            send(address, MODEL_NAME, "predict_images", batch)
+    # Wrong dtype: a uint8 tensor for serving_default.
+    request = serving_client.grpc_request(
+        MODEL_NAME, "serving_default", self.pixels[:1])
+    request.inputs["images"].CopyFrom(
+        tf.make_tensor_proto(self.pixels[:1].astype(np.uint8)))
+    with grpc.insecure_channel(self.double.grpc_address) as channel:
+      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+      with self.assertRaises(grpc.RpcError) as caught:
+        stub.Predict(request, timeout=30)
+    self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+    self.assertIn("float", caught.exception.details())
+    # The client names the file of the bad element.
+    files = self._files([("good.png", png), ("bad.png", b"\x89PNG\r\n\x1a\n")])
+    with self.assertRaisesRegex(serving_client.ServingError,
+                                r"images\[1\] is .*bad\.png"):
+      serving_client.predict(self.double.rest_address, MODEL_NAME,
+                             [serving_client.read_input(p) for p in files])
+    # The signatures themselves reject these, and the server goes on serving.
+    rejected = (TypeError, ValueError, tf.errors.InvalidArgumentError)
+    with self.assertRaises(rejected):
+      self._signature("serving_default")(
+          images=tf.constant(self.pixels[:1].astype(np.uint8)))
+    with self.assertRaises(rejected):
+      self._signature("serving_default")(images=tf.constant(self.pixels[0]))
+    with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                r"images\[1\] is not a decodable"):
+      self._signature("predict_images")(images=tf.constant([png, b"x"]))
+    results = serving_client.predict(
+        self.double.grpc_address, MODEL_NAME,
+        [serving_client.read_input(files[0])], protocol="grpc")
+    np.testing.assert_allclose(results[0][1], self.keras_probabilities[0],
+                               atol=PROBABILITY_TOLERANCE)
+
+
+if __name__ == "__main__":
+  absltest.main()
