@@ -1,0 +1,321 @@
+"""Tests of the Section 3 construction (Theorem 3.2, Lemma B.1) and bin/construct."""
+
+import concurrent.futures
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+import keras
+import numpy as np
+
+from identity_tf import construction
+from identity_tf import layers
+import testing
+
+
+def dense_forward(weights, x):
+  """The function weights.npz encodes, written out from its spec in plain numpy.
+
+  Deliberately independent of identity_tf.construction: no chunks, no
+  float32 screening, every unit applied densely to every point.
+  """
+  z = np.concatenate([(x - weights["mu"]) / weights["s"],
+                      np.full((len(x), 1), weights["t"])], axis=1)
+  z = z / np.linalg.norm(z, axis=1, keepdims=True)
+  h = z @ weights["A0"].T
+  for u, v, b in zip(weights["U"], weights["V"], weights["b"]):
+    h = h + np.maximum(h @ u.T + b, 0) @ v.T
+  return np.maximum(h @ weights["U_out"].T + weights["b_out"], 0) @ (
+      weights["V_out"].T)
+
+
+def random_data(rng, n, d, r):
+  return rng.standard_normal((n, d)), rng.integers(0, r, n)
+
+
+class ConstructionTest(absltest.TestCase):
+
+  def assert_fits(self, x, y, **options):
+    """Constructs, then checks 100 % from numpy weights and a reloaded model.keras."""
+    result = construction.construct(x, y, **options)
+    weights = result.weights
+    with tempfile.TemporaryDirectory() as tmp:
+      construction.save_weights(weights, os.path.join(tmp, "weights.npz"))
+      saved = construction.load_weights(os.path.join(tmp, "weights.npz"))
+      construction.build_keras_model(weights).save(
+          os.path.join(tmp, "model.keras"))
+      model = keras.models.load_model(os.path.join(tmp, "model.keras"))
+    numpy_logits = dense_forward(saved, x)
+    np.testing.assert_array_equal(np.argmax(numpy_logits, axis=1), y)
+    np.testing.assert_array_equal(
+        np.argmax(construction.keras_logits(model, x), axis=1), y)
+    # The library's chunked, screened evaluation is the same function.
+    np.testing.assert_allclose(construction.evaluate(saved, x), numpy_logits,
+                               atol=1e-9)
+    self.assertEqual(model.num_units, weights["U"].shape[0])
+    self.assertEqual(
+        sum(isinstance(layer, layers.DenseResidualUnit)
+            for layer in model._flatten_layers(include_self=False)),
+        weights["U"].shape[0])
+    return result
+
+  def test_random_data_of_several_shapes(self):
+    rng = np.random.default_rng(1)
+    for n, d, r in [(1, 3, 1), (2, 1, 2), (60, 2, 7), (150, 9, 3),
+                    (80, 40, 10)]:
+      with self.subTest(n=n, d=d, r=r):
+        x, y = random_data(rng, n, d, r)
+        result = self.assert_fits(x, y, num_classes=r)
+        weights = result.weights
+        k, num_units = result.k, result.num_units
+        self.assertEqual(num_units, -(-n // k))
+        self.assertEqual(weights["A0"].shape, (k, d + 1))
+        self.assertEqual(weights["U"].shape, (num_units, k, k))
+        self.assertEqual(weights["V"].shape, (num_units, k, k))
+        self.assertEqual(weights["b"].shape, (num_units, k))
+        self.assertEqual(weights["V_out"].shape[0], r)
+        self.assertGreater(float(weights["s"]), 0)
+        self.assertGreaterEqual(float(weights["t"]), 0)
+
+  def test_johnson_lindenstrauss_regime(self):
+    # Unit vectors in high dimension: the theorem's own setting (t = 0) and
+    # well separated, so a Gaussian A0 to k < d + 1 keeps the lemma valid.
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((70, 3000))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = rng.integers(0, 5, 70)
+    result = self.assert_fits(x, y)
+    self.assertEqual(result.mode, "johnson-lindenstrauss")
+    self.assertLess(result.k, 3001)
+    self.assertEqual(float(result.weights["t"]), 0.0)
+    np.testing.assert_array_equal(result.weights["mu"], 0)
+
+  def test_clustered_data_with_labels_independent_of_clusters(self):
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((4, 6)) * 10
+    x = (centres[rng.integers(0, 4, 240)] +
+         1e-2 * rng.standard_normal((240, 6)))
+    y = rng.integers(0, 3, 240)
+    result = self.assert_fits(x, y)
+    self.assertLess(result.rho, 0.05)
+
+  def test_points_on_one_ray(self):
+    # Without the extra coordinate t these all map to one point of the sphere.
+    direction = np.random.default_rng(4).standard_normal(5)
+    scales = np.concatenate([np.arange(1, 151), [1e3, 1e4]])
+    x = scales[:, None] * direction
+    y = np.arange(len(x)) % 3
+    result = self.assert_fits(x, y)
+    self.assertGreater(float(result.weights["t"]), 0)
+
+  def test_close_pair_just_above_the_smallest_separation(self):
+    # On the unit sphere already (t = 0): a pair 3 rho_min apart with
+    # different labels is fitted, in float64, by both networks.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((20, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    rho_min = construction.smallest_separation(4)
+    normal = np.cross(x[0], x[5])
+    normal /= np.linalg.norm(normal)
+    angle = 3 * rho_min
+    x[1] = np.cos(angle) * x[0] + np.sin(angle) * np.cross(normal, x[0])
+    y = np.arange(20) % 2
+    result = self.assert_fits(x, y)
+    self.assertEqual(result.k, 4)
+    self.assertAlmostEqual(result.rho, angle, delta=1e-3 * angle)
+    x[1] = np.cos(angle / 6) * x[0] + np.sin(angle / 6) * np.cross(normal, x[0])
+    with self.assertRaisesRegex(ValueError, r"inputs 0 and 1 .* below the "
+                                r"smallest separation"):
+      construction.construct(x, y)
+
+  def test_pair_below_the_smallest_separation_is_an_error(self):
+    x = np.random.default_rng(6).standard_normal((10, 3))
+    x[7] = x[2] * (1 + 1e-9)
+    y = np.arange(10) % 2
+    with self.assertRaisesRegex(ValueError,
+                                r"inputs 2 and 7 .*smallest separation"):
+      construction.construct(x, y)
+
+  def test_every_unit_moves_its_own_points_and_leaves_the_rest(self):
+    # Lemma B.1, per unit: owned points land on their surrogate, every other
+    # current point (not yet moved, or already on a surrogate) is unchanged
+    # bit for bit.
+    rng = np.random.default_rng(7)
+    x, y = random_data(rng, 90, 4, 4)
+    result = construction.construct(x, y)
+    weights = result.weights
+    surrogates = weights["U_out"]
+    labels = y[result.distinct]
+    h = construction.embed(weights, x[result.distinct])
+    self.assertGreater(result.num_units, 10)
+    for unit in range(result.num_units):
+      after = h + np.maximum(h @ weights["U"][unit].T + weights["b"][unit],
+                             0) @ weights["V"][unit].T
+      own = result.owner == unit
+      self.assertTrue(own.any())
+      np.testing.assert_array_equal(after[~own], h[~own])
+      np.testing.assert_allclose(after[own], surrogates[labels[own]],
+                                 atol=1e-12)
+      h = after
+    np.testing.assert_allclose(h, surrogates[labels], atol=1e-12)
+
+  def test_duplicates(self):
+    x = np.random.default_rng(8).standard_normal((12, 2))
+    y = np.arange(12) % 3
+    same = np.concatenate([x, x[[4, 4, 9]]])
+    result = self.assert_fits(same, np.concatenate([y, y[[4, 4, 9]]]))
+    self.assertLen(result.distinct, 12)
+    with self.assertRaisesRegex(ValueError, r"^inputs 5 and 12 are identical"):
+      construction.construct(np.concatenate([x, x[[5]]]),
+                             np.concatenate([y, [y[5] + 1]]))
+
+  def test_invalid_input(self):
+    x = np.zeros((3, 2))
+    for bad_x, bad_y, message in [
+        (np.zeros((0, 2)), np.zeros(0, int), "empty input"),
+        (x, np.zeros(2, int), "mismatched lengths"),
+        (np.array([[0, 1], [np.nan, 0]]), [0, 1], r"x\[1\] contains NaN"),
+        (np.array([[0, 1], [np.inf, 0]]), [0, 1], r"x\[1\] contains NaN or Inf"),
+        (np.eye(2), [0, -1], r"y\[1\] = -1 is outside"),
+        (np.eye(2), [0.5, 1], r"y\[0\] = 0.5 is not an integer"),
+    ]:
+      with self.subTest(message=message):
+        with self.assertRaisesRegex(ValueError, message):
+          construction.construct(bad_x, bad_y)
+    with self.assertRaisesRegex(ValueError, r"outside \[0, 2\)"):
+      construction.construct(np.eye(3), [0, 1, 2], num_classes=2)
+
+  def test_blocked_computations_match_direct_ones(self):
+    # Memory O(n k): Gram maxima and the forward pass work in blocks and
+    # chunks; with tiny blocks they must still be exact.
+    rng = np.random.default_rng(9)
+    points = rng.standard_normal((333, 7))
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    gram = points @ points.T
+    np.fill_diagonal(gram, -np.inf)
+    x, y = random_data(rng, 333, 6, 5)
+    old = construction.BLOCK, construction.CHUNK
+    try:
+      construction.BLOCK, construction.CHUNK = 50, 37
+      best, (i, j) = construction.max_inner_product(points)
+      result = construction.construct(x, y)
+      logits = construction.evaluate(result.weights, x)
+    finally:
+      construction.BLOCK, construction.CHUNK = old
+    self.assertAlmostEqual(best, gram.max(), delta=1e-14)
+    self.assertAlmostEqual(points[i] @ points[j], gram.max(), delta=1e-14)
+    self.assertNotEqual(i, j)
+    np.testing.assert_allclose(logits, dense_forward(result.weights, x),
+                               atol=1e-9)
+    np.testing.assert_array_equal(np.argmax(logits, axis=1), y)
+
+  def test_parameters_grow_like_n_log_n(self):
+    # Well-separated points (unit vectors in d = 4000): k = O(log n), so
+    # parameters / (n log n + r^2) stays bounded while n grows 8x.
+    rng = np.random.default_rng(10)
+    ratios = []
+    for n in (50, 400):
+      x = rng.standard_normal((n, 4000))
+      x /= np.linalg.norm(x, axis=1, keepdims=True)
+      result = construction.construct(x, rng.integers(0, 2, n))
+      self.assertEqual(result.mode, "johnson-lindenstrauss")
+      ratios.append(construction.parameter_ratio(result.weights, n, 2))
+    self.assertLess(ratios[1], 1.5 * ratios[0])
+
+  def test_tfds_images_with_mock_data(self):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    with tfds.testing.mock_data(num_examples=40):
+      x, y, classes = construction.load_tfds("mnist", 30)
+    self.assertEqual(x.shape, (30, 28 * 28))
+    self.assertEqual(classes, 10)
+    self.assert_fits(x, y, num_classes=classes)
+
+  def test_sgd_contrast_runs(self):
+    rng = np.random.default_rng(11)
+    x, y = random_data(rng, 24, 3, 2)
+    history = construction.train_by_sgd(x, y, 2, 4, 6, steps=4, batch_size=8)
+    self.assertEqual(history[-1][0], 4)
+    for _, fit in history:
+      self.assertBetween(fit, 0.0, 1.0)
+
+
+class BinaryTest(absltest.TestCase):
+
+  def test_fits_npz_and_writes_the_network(self):
+    rng = np.random.default_rng(12)
+    x, y = random_data(rng, 120, 5, 4)
+    with tempfile.TemporaryDirectory() as tmp:
+      np.savez(os.path.join(tmp, "points.npz"), x=x, y=y)
+      testing.run_binary("construct", f"--data={tmp}/points.npz",
+                         f"--output_dir={tmp}/out", "--seed=3", check=True)
+      with open(os.path.join(tmp, "out", "report.json")) as f:
+        report = json.load(f)
+      weights = construction.load_weights(os.path.join(tmp, "out",
+                                                        "weights.npz"))
+      model = keras.models.load_model(os.path.join(tmp, "out", "model.keras"))
+    self.assertEqual(sorted(weights), sorted(
+        ["mu", "s", "t", "A0", "U", "V", "b", "U_out", "b_out", "V_out"]))
+    np.testing.assert_array_equal(
+        np.argmax(dense_forward(weights, x), axis=1), y)
+    np.testing.assert_array_equal(
+        np.argmax(construction.keras_logits(model, x), axis=1), y)
+    k, num_units = weights["A0"].shape[0], weights["U"].shape[0]
+    self.assertEqual((report["n"], report["d"], report["r"]), (120, 5, 4))
+    self.assertEqual((report["k"], report["L"]), (k, num_units))
+    self.assertEqual(report["parameters"],
+                     sum(np.size(v) for v in weights.values()))
+    self.assertAlmostEqual(
+        report["ratio"], report["parameters"] / (120 * np.log(120) + 16))
+    self.assertEqual(report["training_accuracy"], 1.0)
+    self.assertGreater(report["rho"], 0)
+    self.assertIn("rho_prime", report)
+    self.assertIn("seconds", report)
+
+  def test_bad_input_is_one_line(self):
+    # Every message is checked in-process by ConstructionTest.test_invalid_input
+    # and test_duplicates; here the binary's handling of the three paths
+    # (a data error, a label error, an unprepared TFDS dataset), each one
+    # TensorFlow start-up, run side by side.
+    x = np.random.default_rng(13).standard_normal((6, 2))
+    cases = {
+        "conflict": (np.concatenate([x, x[[2]]]), [0, 1, 0, 1, 0, 1, 1],
+                     r"inputs 2 and 6 are identical but labelled 0 and 1"),
+        "label": (x, [0, 1, 0, 1, -2, 1], r"y\[4\] = -2 is outside"),
+        "tfds": (None, None, r"not prepared in --data_dir=.*//bin:prepare_data -- "
+                 r"--dataset=mnist --data_dir=DIR"),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+      empty_dir = os.path.join(tmp, "no_datasets")
+      os.makedirs(empty_dir)
+
+      def run(name):
+        if name == "tfds":
+          return testing.run_binary(
+              "construct", "--dataset=mnist", "--num_examples=10",
+              f"--data_dir={empty_dir}", f"--output_dir={tmp}/out_tfds")
+        bad_x, bad_y, _ = cases[name]
+        np.savez(os.path.join(tmp, name + ".npz"), x=bad_x, y=bad_y)
+        return testing.run_binary("construct", f"--data={tmp}/{name}.npz",
+                                  f"--output_dir={tmp}/out_{name}")
+
+      with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = dict(zip(cases, pool.map(run, cases)))
+    for name, result in results.items():
+      with self.subTest(name=name):
+        self.assertNotEqual(result.returncode, 0)
+        self.assertNotIn("Traceback", result.stderr)
+        line = testing.last_stderr_line(result)
+        self.assertStartsWith(line, "error: ")
+        self.assertRegex(line, cases[name][2])
+
+  def test_flag_errors_need_no_tensorflow(self):
+    result = testing.run_binary("construct", "--output_dir=out")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(testing.last_stderr_line(result),
+                     "error: give exactly one of --data=points.npz or "
+                     "--dataset=NAME --num_examples=N")
+
+
+if __name__ == "__main__":
+  absltest.main()
