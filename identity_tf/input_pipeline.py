@@ -383,15 +383,16 @@ def _not_ready_message(name, data_dir, given, problem):
   where = (f"--data_dir={data_dir}" if given else
            f"{data_dir} (TFDS's default; --data_dir not set)")
   if name == "imagenet2012":
-    manual = os.path.join(data_dir, "downloads", "manual")
+    manual = manual_dir(data_dir)
     how = (f"put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from "
-           f"image-net.org into {manual} and run 'tfds build imagenet2012 "
-           f"--data_dir={data_dir}' (no internet needed), or pass --data_dir "
-           "pointing to a prepared copy")
+           f"image-net.org into {manual} and run 'bazel run //bin:prepare_data "
+           f"-- --dataset=imagenet2012 --data_dir={data_dir}' (no internet "
+           "needed), or pass --data_dir pointing to a prepared copy")
   else:
-    how = (f"run 'tfds build {name} --data_dir={data_dir}' on a machine with "
-           "internet access and copy that directory here, or pass --data_dir "
-           "pointing to a prepared copy (or use --dataset=synthetic)")
+    how = (f"run 'bazel run //bin:prepare_data -- --dataset={name} "
+           f"--data_dir={data_dir}' on a machine with internet access and copy "
+           "that directory here, or pass --data_dir pointing to a prepared "
+           "copy (or use --dataset=synthetic)")
   return f"dataset {name} is not prepared in {where} ({problem}): {how}"
 
 
@@ -429,6 +430,66 @@ def _prepared_builder(name, data_dir, split):
         name, data_dir, given,
         f"split {split!r} missing from {name}/{builder.version}"))
   return builder
+
+
+def manual_dir(data_dir):
+  """Where TFDS looks for ImageNet's manually downloaded archives."""
+  return os.path.join(data_dir, "downloads", "manual")
+
+
+IMAGENET_ARCHIVES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
+
+
+def prepare(name, data_dir=None, echo=print):
+  """Prepares TFDS dataset NAME in DATA_DIR; the one step that may download.
+
+  NAME is one of `DATASETS` or, for `bin/construct`, any TFDS dataset.
+  CIFAR-10/100 are downloaded (about 160 MB each) and converted; ImageNet is
+  converted from the two archives the user put into `manual_dir(data_dir)`
+  (no internet needed). A dataset already prepared is left as it is.
+
+  Returns:
+    The directory of the prepared dataset (DATA_DIR/NAME/VERSION).
+
+  Raises:
+    ValueError: `synthetic` (nothing to prepare), missing ImageNet archives,
+      or a failed download (one line saying what to do instead).
+  """
+  if name == "synthetic":
+    raise ValueError("dataset synthetic is generated in process; there is "
+                     "nothing to prepare")
+  tfds = _tfds()
+  if name not in tfds.list_builders():
+    raise ValueError(f"unknown TFDS dataset {name!r}; training reads "
+                     f"{', '.join(d for d in DATASETS if d != 'synthetic')}")
+  data_dir = os.fspath(data_dir) if data_dir else tfds.core.constants.DATA_DIR
+  download_config = None
+  if name == "imagenet2012":
+    manual = manual_dir(data_dir)
+    missing = [f for f in IMAGENET_ARCHIVES
+               if not tf.io.gfile.exists(os.path.join(manual, f))]
+    if missing:
+      raise ValueError(
+          f"imagenet2012 needs {' and '.join(missing)} in {manual}: download "
+          "them from image-net.org (registration required) and run this again")
+    download_config = tfds.download.DownloadConfig(manual_dir=manual)
+  builder = tfds.builder(name, data_dir=data_dir)
+  if builder.is_prepared():
+    echo(f"{name} is already prepared in {builder.data_dir}")
+    return builder.data_dir
+  echo(f"preparing {name} in {data_dir} with TFDS (downloads and converts; "
+       "CIFAR takes a few minutes, ImageNet hours)")
+  try:
+    builder.download_and_prepare(download_config=download_config)
+  except Exception as e:  # pylint: disable=broad-except
+    # Network failures surface as many different exception types; the user
+    # needs one line and the way out, not TFDS's traceback.
+    problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise ValueError(
+        f"could not prepare {name} in {data_dir} ({type(e).__name__}: "
+        f"{problem}); on a machine without internet access prepare it "
+        "elsewhere and copy the directory here") from e
+  return builder.data_dir
 
 
 def _split_size(builder, split):

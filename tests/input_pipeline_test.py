@@ -176,15 +176,26 @@ class InputPipelineTest(tf.test.TestCase):
 
   # --- missing datasets ---------------------------------------------------
 
+  def test_prepare_refuses_what_it_cannot_do(self):
+    empty = self.create_tempdir().full_path
+    with self.assertRaisesRegex(ValueError, "generated in process"):
+      ip.prepare("synthetic", empty)
+    with self.assertRaisesRegex(
+        ValueError, "imagenet2012 needs ILSVRC2012_img_train.tar and "
+        "ILSVRC2012_img_val.tar in " + os.path.join(empty, "downloads", "manual")):
+      ip.prepare("imagenet2012", empty)
+
   def test_missing_dataset_is_one_clear_error(self):
     empty = self.create_tempdir().full_path
     cases = [
         ("cifar10", empty, ["--data_dir=" + empty,
-                            f"tfds build cifar10 --data_dir={empty}"]),
+                            "bazel run //bin:prepare_data -- --dataset=cifar10 "
+                            f"--data_dir={empty}"]),
         ("cifar100", os.path.join(empty, "absent"),
-         ["no such directory", "tfds build cifar100"]),
+         ["no such directory", "--dataset=cifar100"]),
         ("imagenet2012", empty,
-         [os.path.join(empty, "downloads", "manual"), "ILSVRC2012_img_train"]),
+         [os.path.join(empty, "downloads", "manual"), "ILSVRC2012_img_train",
+          "--dataset=imagenet2012"]),
     ]
     for name, data_dir, expected in cases:
       split = ip.dataset_info(name).train_split
