@@ -30,6 +30,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from identity_tf import paths
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data", None, ".npz file with x (n, d) and y (n,)")
 flags.DEFINE_string("dataset", None, "TFDS dataset to fit instead of --data "
@@ -52,12 +54,6 @@ flags.DEFINE_float("sgd_learning_rate", 0.1, "learning rate of --sgd_steps")
 
 def log(message):
   print(message, flush=True)
-
-
-def resolve(path):
-  """PATH relative to where the user ran `bazel run` (BUILD_WORKING_DIRECTORY)."""
-  base = os.environ.get("BUILD_WORKING_DIRECTORY")
-  return os.path.join(base, path) if base and not os.path.isabs(path) else path
 
 
 def read_npz(path):
@@ -95,10 +91,10 @@ def main(argv):
   started, cpu_started = time.time(), time.process_time()
   num_classes = FLAGS.num_classes
   if FLAGS.data is not None:
-    x, y = read_npz(resolve(FLAGS.data))
+    x, y = read_npz(paths.resolve_path(FLAGS.data))
     source = FLAGS.data
   else:
-    data_dir = resolve(FLAGS.data_dir) if FLAGS.data_dir else None
+    data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
     log(f"reading {FLAGS.num_examples} examples of {FLAGS.dataset}")
     try:
       x, y, classes = construction.load_tfds(
@@ -116,7 +112,7 @@ def main(argv):
   x, y, r = construction.validate(x, y, num_classes)
   weights = result.weights
 
-  output_dir = resolve(FLAGS.output_dir)
+  output_dir = paths.resolve_path(FLAGS.output_dir)
   os.makedirs(output_dir, exist_ok=True)
   weights_path = os.path.join(output_dir, "weights.npz")
   construction.save_weights(weights, weights_path)

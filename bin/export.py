@@ -17,6 +17,7 @@ import os
 from absl import app
 from absl import flags
 
+from identity_tf import paths
 from identity_tf import serving_client
 
 FLAGS = flags.FLAGS
@@ -49,11 +50,11 @@ def main(argv):
   if not FLAGS.export_dir:
     raise SystemExit("error: --export_dir is required: TF Serving's model "
                      "base path, e.g. --export_dir=serving/my_model")
-  model_dir = serving_client.resolve_path(FLAGS.model_dir)
-  export_dir = serving_client.resolve_path(FLAGS.export_dir)
+  model_dir = paths.resolve_path(FLAGS.model_dir)
+  export_dir = paths.resolve_path(FLAGS.export_dir)
   checkpoint = FLAGS.checkpoint
   if checkpoint and not checkpoint.isdigit() and os.sep in checkpoint:
-    checkpoint = serving_client.resolve_path(checkpoint)
+    checkpoint = paths.resolve_path(checkpoint)
   # Imported here so that --help and flag errors do not wait for TensorFlow.
   from identity_tf import export  # pylint: disable=g-import-not-at-top
   try:

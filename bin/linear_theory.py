@@ -28,6 +28,8 @@ import time
 from absl import app
 from absl import flags
 
+from identity_tf import paths
+
 SUBCOMMANDS = ("construct", "check", "descend", "benchmark")
 
 flags.DEFINE_string("R", None, "construct: .npy file holding a d x d float64 R.")
@@ -57,15 +59,6 @@ def log(message):
   print(message, file=sys.stderr, flush=True)
 
 
-def user_path(path):
-  """PATH relative to where the user ran `bazel run` (or the cwd)."""
-  base = os.environ.get("BUILD_WORKING_DIRECTORY")
-  path = os.path.expanduser(path)
-  if base and not os.path.isabs(path):
-    path = os.path.join(base, path)
-  return os.path.normpath(path)
-
-
 def emit(result):
   print(json.dumps(result, indent=1, default=float))
 
@@ -74,7 +67,7 @@ def construct_command(lt, np):
   if not FLAGS.R or FLAGS.layers is None or not FLAGS.output:
     raise SystemExit("error: construct needs --R=R.npy --layers=L "
                      "--output=A.npz")
-  path = user_path(FLAGS.R)
+  path = paths.resolve_path(FLAGS.R)
   try:
     r = np.load(path, allow_pickle=False)
   except (OSError, ValueError) as e:
@@ -91,7 +84,7 @@ def construct_command(lt, np):
   log(f"constructed {FLAGS.layers} layers for d = {r.shape[0]} in "
       f"{seconds:.2f} s; checking the product")
   report = lt.construction_report(r, a)
-  output = user_path(FLAGS.output)
+  output = paths.resolve_path(FLAGS.output)
   try:
     np.savez(output, A=a.numpy())
   except OSError as e:
@@ -151,7 +144,7 @@ def descend_command(lt, np):
       "plain_final_gap": float(plain["gap"][-1]),
   }
   if FLAGS.plot:
-    path = user_path(FLAGS.plot)
+    path = paths.resolve_path(FLAGS.plot)
     try:
       lt.plot_descent(residual, plain, path,
                       f"d = {FLAGS.d}, l = {layers}, step {residual['step_size']:.3g}")

@@ -15,6 +15,7 @@ from absl import app
 from absl import flags
 
 from identity_tf import input_pipeline
+from identity_tf import paths
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("dataset", None,
@@ -30,13 +31,7 @@ def main(argv):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {argv[1:]}; "
                      "all options are --flags (see --help)")
-  data_dir = FLAGS.data_dir
-  if data_dir:
-    data_dir = os.path.expanduser(data_dir)
-    # `bazel run` starts us in the runfiles tree; relative paths mean the
-    # directory the user ran from.
-    data_dir = os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", ""),
-                            data_dir)
+  data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
   try:
     path = input_pipeline.prepare(FLAGS.dataset, data_dir)
   except ValueError as e:

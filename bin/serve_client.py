@@ -15,6 +15,7 @@ probabilities. See docs/serving.md.
 from absl import app
 from absl import flags
 
+from identity_tf import paths
 from identity_tf import serving_client
 
 FLAGS = flags.FLAGS
@@ -43,8 +44,8 @@ flags.DEFINE_float("timeout", 30.0, "Seconds to wait for each answer.")
 
 
 def main(argv):
-  paths = argv[1:]
-  if not paths:
+  input_paths = argv[1:]
+  if not input_paths:
     raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "
                      "arrays after the flags")
   if not FLAGS.model_name:
@@ -54,11 +55,11 @@ def main(argv):
   if FLAGS.top_k < 1:
     raise SystemExit(f"error: --top_k must be at least 1, got {FLAGS.top_k}")
   try:
-    inputs = [serving_client.read_input(serving_client.resolve_path(path),
+    inputs = [serving_client.read_input(paths.resolve_path(path),
                                         display_name=path)
-              for path in paths]
+              for path in input_paths]
     names = (serving_client.read_class_names(
-        serving_client.resolve_path(FLAGS.model_info))
+        paths.resolve_path(FLAGS.model_info))
              if FLAGS.model_info else None)
     results = serving_client.predict(
         FLAGS.server, FLAGS.model_name, inputs, protocol=FLAGS.protocol,

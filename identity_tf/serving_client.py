@@ -88,19 +88,6 @@ class ServingError(ValueError):
   """A request could not be made or was refused; the message says why."""
 
 
-def resolve_path(path):
-  """PATH made absolute against the directory the user ran the command from.
-
-  Under `bazel run` the working directory is the runfiles tree; Bazel puts
-  the user's directory in BUILD_WORKING_DIRECTORY.
-  """
-  path = os.path.expanduser(path)
-  if os.path.isabs(path) or "://" in path:
-    return path
-  base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
-  return os.path.normpath(os.path.join(base, path))
-
-
 # ---------------------------------------------------------------------------
 # Inputs.
 
