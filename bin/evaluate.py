@@ -1,0 +1,121 @@
+"""Evaluates a training run's checkpoint; prints one JSON object on stdout.
+
+    bazel run //bin:evaluate -- --model_dir=runs/smoke
+    bazel run //bin:evaluate -- --model_dir=runs/c10 --checkpoint=30000
+    bazel run //bin:evaluate -- --model_dir=runs/c10 --watch
+
+The object has global_step, loss (mean cross-entropy, without weight decay),
+top1, top5 (fractions) and examples. With --watch, every new checkpoint is
+evaluated as it appears (one JSON object per line) until training's last
+step is evaluated or no new checkpoint arrives for --watch_timeout seconds,
+like the eval mode of the 2016 tensorflow/models resnet. Scores also go to
+MODEL_DIR/eval as TensorBoard scalars. Logs go to stderr.
+"""
+
+import json
+
+from absl import app
+from absl import flags
+from absl import logging
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("model_dir", None,
+                    "The training run's directory (holds config.json).")
+flags.DEFINE_string("dataset", None,
+                    "Dataset to evaluate on (default: the run's).")
+flags.DEFINE_string("data_dir", None, "TFDS data directory.")
+flags.DEFINE_string("checkpoint", None,
+                    "A step, ckpt-<step> or a checkpoint path prefix "
+                    "(default: the latest).")
+flags.DEFINE_integer("batch_size", 500, "Evaluation batch size.")
+flags.DEFINE_integer("num_examples", None,
+                     "Evaluate on the first N examples only (default: all).")
+flags.DEFINE_boolean("watch", False,
+                     "Evaluate every new checkpoint as it appears.")
+flags.DEFINE_float("watch_timeout", 600.0,
+                   "--watch: stop after this many seconds without a new "
+                   "checkpoint.")
+flags.DEFINE_float("watch_interval", 5.0,
+                   "--watch: seconds between looks for a new checkpoint.")
+flags.DEFINE_boolean("write_summaries", True,
+                     "Write the scores to MODEL_DIR/eval for TensorBoard.")
+
+
+def _check_flags():
+  if not FLAGS.model_dir:
+    raise ValueError("--model_dir is required: the directory of a training "
+                     "run (e.g. --model_dir=runs/smoke)")
+  if FLAGS.batch_size <= 0:
+    raise ValueError(f"--batch_size must be positive, got {FLAGS.batch_size}")
+  if FLAGS.num_examples is not None and FLAGS.num_examples <= 0:
+    raise ValueError(
+        f"--num_examples must be positive, got {FLAGS.num_examples}")
+  if FLAGS.watch and FLAGS.checkpoint:
+    raise ValueError("--watch evaluates new checkpoints as they appear; it "
+                     "cannot be combined with --checkpoint")
+  if FLAGS.watch_timeout <= 0 or FLAGS.watch_interval <= 0:
+    raise ValueError("--watch_timeout and --watch_interval must be positive")
+
+
+def main(argv):
+  # TensorFlow logs every checkpoint write at INFO; keep the terminal for the
+  # progress lines unless --verbosity asks for more.
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  if len(argv) > 1:
+    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}")
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from identity_tf import input_pipeline
+  from identity_tf import train
+  # pylint: enable=g-import-not-at-top
+
+  def evaluate(checkpoint):
+    model, description, step = train.restore_model(model_dir, checkpoint)
+    dataset = FLAGS.dataset or description["dataset"]["name"]
+    info = input_pipeline.dataset_info(dataset)
+    trained = description["dataset"]
+    if (info.num_classes, info.image_size) != (trained["num_classes"],
+                                               trained["image_size"]):
+      raise ValueError(
+          f"--dataset={dataset} has {info.num_classes} classes of "
+          f"{info.image_size}px images; the model was trained for "
+          f"{trained['num_classes']} classes of {trained['image_size']}px")
+    # The model's own preprocessing when evaluating on its own dataset.
+    preprocessing = (description["preprocessing"]
+                     if dataset == trained["name"] else None)
+    logging.info("evaluating %s at step %d on %s", model_dir, step, dataset)
+    metrics = train.evaluate(
+        model, dataset, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch_size,
+        num_examples=FLAGS.num_examples, preprocessing=preprocessing)
+    if FLAGS.write_summaries:
+      train.write_eval_summaries(model_dir, step, metrics)
+    print(json.dumps({"global_step": step, "dataset": dataset, **metrics},
+                     sort_keys=True), flush=True)
+    return step
+
+  try:
+    _check_flags()
+    model_dir = train.resolve_path(FLAGS.model_dir)
+    train.read_run(model_dir)  # A clear error if this is no run at all.
+    if not FLAGS.watch:
+      evaluate(FLAGS.checkpoint)
+      return
+    train_steps = train.read_run(model_dir)["config"]["train_steps"]
+    for path in tf.train.checkpoints_iterator(
+        model_dir, min_interval_secs=FLAGS.watch_interval,
+        timeout=FLAGS.watch_timeout):
+      try:
+        step = evaluate(path)
+      except tf.errors.NotFoundError:  # Rotated away by training meanwhile.
+        logging.warning("%s disappeared before it was read; skipped", path)
+        continue
+      if step >= train_steps:
+        break
+  except (ValueError, input_pipeline.DatasetNotReadyError) as e:
+    raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,182 @@
+"""Trains one of the paper's networks; re-running the command resumes it.
+
+    bazel run //bin:train -- --preset=smoke
+    bazel run //bin:train -- --preset=cifar10_paper \
+        --data_dir=~/tensorflow_datasets
+    bazel run //bin:train -- --preset=cifar10_paper --strategy=mirrored \
+        --model_dir=runs/c10 --learning_rate=0.1
+
+A preset (identity_tf/configs.py) gives every hyper-parameter; each flag
+that is set overrides the preset's value. The resolved configuration is
+printed and written to MODEL_DIR/config.json. See docs/training.md.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from identity_tf import configs
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string(
+    "preset", None,
+    f"One of {', '.join(configs.PRESETS)}. Default: the configuration stored "
+    "in --model_dir if it holds a run, else smoke.")
+flags.DEFINE_string(
+    "model_dir", None,
+    "Where config.json, checkpoints and TensorBoard logs go; re-running with "
+    "the same directory resumes. Default: runs/<preset> under the directory "
+    "you run from.")
+flags.DEFINE_string("data_dir", None,
+                    "TFDS data directory (default: TFDS's, "
+                    "~/tensorflow_datasets).")
+flags.DEFINE_string("tpu", None,
+                    "--strategy=tpu: TPU name or grpc:// address (default: "
+                    "the local TPU).")
+flags.DEFINE_boolean("dry_run", False,
+                     "Resolve, print and write config.json, then exit.")
+
+# One override flag per configs.Config field; unset flags keep the preset's.
+_HELP = {
+    "model": f"Network: {', '.join(configs.MODELS)}.",
+    "dataset": f"Dataset: {', '.join(configs.DATASETS)}.",
+    "width": "Multiplier of every layer width (1.0 = the paper's).",
+    "units": "Residual units per stage: one integer, or one per stage.",
+    "init": f"Initialisation: {', '.join(configs.INITS)}.",
+    "head": f"Final projection: {', '.join(configs.HEADS)}.",
+    "norm": "Batch-norm pre-activation units (the baseline).",
+    "use_bias": "Biases in the convolutions.",
+    "seed": "Seeds the initial weights, the projection and the data order.",
+    "num_train_examples": "Train on the first N examples of the split only.",
+    "num_eval_examples": "Evaluate on the first N examples only.",
+    "batch_size": "Global batch size (all replicas together).",
+    "train_steps": "Total SGD steps (the run stops at this global step).",
+    "learning_rate": "Initial learning rate.",
+    "lr_schedule": f"Learning-rate schedule: {', '.join(configs.SCHEDULES)}.",
+    "lr_boundaries": "piecewise: steps at which the rate is multiplied by "
+                     "--lr_decay_factor, comma-separated.",
+    "lr_decay_factor": "Factor per boundary (piecewise) or per period "
+                       "(exponential).",
+    "lr_decay_epochs": "exponential: decay period in epochs.",
+    "momentum": "SGD momentum.",
+    "weight_decay": "L2 weight decay of the convolution kernels.",
+    "checkpoint_steps": "Write a checkpoint every N steps.",
+    "keep_checkpoints": "Keep the last N checkpoints.",
+    "log_steps": "Progress line and TensorBoard scalars every N steps.",
+    "steps_per_loop": "Steps per tf.function call.",
+    "eval_at_end": "Evaluate on the evaluation split when training ends.",
+    "eval_batch_size": "Batch size of the evaluation at the end.",
+    "strategy": f"tf.distribute strategy: {', '.join(configs.STRATEGIES)}.",
+    "deterministic": "Deterministic ops and input: bit-identical reruns and "
+                     "resumes on CPU.",
+}
+for _field in dataclasses.fields(configs.Config):
+  if _field.name == "preset":
+    continue
+  _kind = configs.Config.__annotations__[_field.name]
+  _help = _HELP[_field.name]
+  if _field.name in ("units", "lr_boundaries"):
+    flags.DEFINE_list(_field.name, None, _help)
+  elif _kind is bool:
+    flags.DEFINE_boolean(_field.name, None, _help)
+  elif _kind is int:
+    flags.DEFINE_integer(_field.name, None, _help)
+  elif _kind is float:
+    flags.DEFINE_float(_field.name, None, _help)
+  else:
+    flags.DEFINE_string(_field.name, None, _help)
+
+
+def _overrides():
+  return {f.name: FLAGS[f.name].value
+          for f in dataclasses.fields(configs.Config)
+          if f.name != "preset"}
+
+
+def _echo(line):
+  print(line, flush=True)
+
+
+def _resolve():
+  """(config, model_dir) from the flags; ValueError if they are bad.
+
+  Pure Python, so bad flags are reported before TensorFlow loads.
+  """
+  model_dir = configs.resolve_path(FLAGS.model_dir) if FLAGS.model_dir else None
+  stored = model_dir and os.path.join(model_dir, "config.json")
+  if FLAGS.preset is None and stored and "://" in stored:
+    from identity_tf import train  # pylint: disable=g-import-not-at-top
+    if train.tf.io.gfile.exists(stored):
+      base = configs.from_dict(train.read_run(model_dir)["config"])
+      return configs.override(base, **_overrides()), model_dir
+  elif FLAGS.preset is None and stored and os.path.exists(stored):
+    with open(stored) as f:
+      base = configs.from_dict(json.load(f)["config"])
+    return configs.override(base, **_overrides()), model_dir
+  config = configs.resolve(FLAGS.preset or "smoke", **_overrides())
+  return config, model_dir or configs.default_model_dir(config.preset)
+
+
+def main(argv):
+  # TensorFlow logs every checkpoint write at INFO; keep the terminal for the
+  # progress lines unless --verbosity asks for more.
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  if len(argv) > 1:
+    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
+                     f"flags look like --train_steps=100")
+  # Under parameter_server, workers and parameter servers only serve.
+  if FLAGS.strategy == "parameter_server":
+    from identity_tf import train  # pylint: disable=g-import-not-at-top
+    if train.run_parameter_server_task():
+      return
+  try:
+    config, model_dir = _resolve()
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+
+  # pylint: disable=g-import-not-at-top
+  from identity_tf import input_pipeline
+  from identity_tf import train
+  # pylint: enable=g-import-not-at-top
+  try:
+    _echo(json.dumps(train.describe_run(config, model_dir=model_dir),
+                     indent=2, sort_keys=True))
+    if FLAGS.dry_run:
+      train.check_resumable(model_dir, config)
+      train.write_run(model_dir, train.describe_run(config))
+      _echo(f"dry run: wrote {os.path.join(model_dir, train.CONFIG_FILE)}")
+      return
+    result = train.train(config, model_dir, data_dir=FLAGS.data_dir,
+                         tpu=FLAGS.tpu, echo=_echo)
+  except train.PreemptedError as e:
+    print(str(e), file=sys.stderr, flush=True)
+    sys.exit(train.PREEMPTED_EXIT_CODE)
+  except (ValueError, input_pipeline.DatasetNotReadyError) as e:
+    raise SystemExit(f"error: {e}") from None
+
+  if not train.is_chief():
+    return
+  summary = f"done: step {result['step']}"
+  if result["train_top1"] is not None:
+    summary += (f", training top-1 {result['train_top1']:.4f} over the last "
+                f"{config.log_steps} steps")
+  evaluation = result["eval"]
+  if evaluation:
+    summary += (f", evaluation top-1 {evaluation['top1']:.4f} (top-5 "
+                f"{evaluation['top5']:.4f}, loss {evaluation['loss']:.4f}) on "
+                f"{evaluation['examples']} {config.dataset} examples")
+  _echo(summary)
+  _echo(f"checkpoints: {model_dir}")
+  _echo(f"TensorBoard: tensorboard --logdir {model_dir}")
+  _echo(f"evaluate:    bazel run //bin:evaluate -- --model_dir={model_dir}")
+
+
+if __name__ == "__main__":
+  app.run(main)

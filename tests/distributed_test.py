@@ -1,0 +1,197 @@
+"""Distributed training: multi_worker_mirrored, mirrored, parameter_server.
+
+Multi-process tests start bin/train.py as a user would, each process with
+its own TF_CONFIG naming 127.0.0.1 ports picked free at run time; all
+processes are killed in tearDown whatever happens. The mirrored test runs in
+this process on two logical CPUs.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import configs
+from identity_tf import train
+import testing
+
+# Two logical CPUs in this process, for the in-process mirrored test; must
+# happen before TensorFlow initialises its runtime.
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * 2)
+
+# A tiny deterministic run; 2 workers x 8 = 1 worker x 16 examples per step.
+TINY = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
+        "--learning_rate=0.01", "--train_steps=20", "--checkpoint_steps=10",
+        "--log_steps=10", "--steps_per_loop=5", "--eval_at_end=false",
+        "--deterministic"]
+TIMEOUT = 300  # Seconds any one process may take.
+# Two workers average their gradients by all-reduce; one worker sums the
+# same 16 examples in one batch. Float32 summation order differs, so the
+# weights agree to rounding, amplified a little by 20 momentum steps.
+RTOL, ATOL = 1e-4, 1e-6
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def _weights(model_dir):
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if name.startswith(("optimizer/_trainable_variables/", "model/"))}
+
+
+class DistributedTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.processes = []
+
+  def tearDown(self):
+    for process in self.processes:
+      if process.poll() is None:
+        process.kill()
+      process.wait()
+      process.log.close()
+    super().tearDown()
+
+  def _start(self, args, tf_config=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = testing.source_root() + os.pathsep + env.get(
+        "PYTHONPATH", "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.pop("TF_CONFIG", None)
+    if tf_config is not None:
+      env["TF_CONFIG"] = json.dumps(tf_config)
+    log = open(os.path.join(self.create_tempdir().full_path, "log"), "w+")
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(testing.source_root(), "bin",
+                                      "train.py"), *args],
+        stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    process.log = log
+    self.processes.append(process)
+    return process
+
+  def _wait(self, process):
+    try:
+      code = process.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+      code = None
+    process.log.seek(0)
+    output = process.log.read()
+    self.assertEqual(code, 0, f"exit {code}:\n{output[-3000:]}")
+    return output
+
+  def test_two_workers_match_one_worker_with_the_same_global_batch(self):
+    root = self.create_tempdir().full_path
+    single_dir = os.path.join(root, "single")
+    multi_dir = os.path.join(root, "multi")
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    workers = [
+        self._start([*TINY, "--strategy=multi_worker_mirrored",
+                     f"--model_dir={multi_dir}"],
+                    {"cluster": cluster, "task": {"type": "worker",
+                                                  "index": i}})
+        for i in range(2)]
+    single = self._start([*TINY, f"--model_dir={single_dir}"])
+    outputs = [self._wait(worker) for worker in workers]
+    self.assertIn("2 replica(s) (multi_worker_mirrored)", outputs[0])
+    self._wait(single)
+
+    multi, one = _weights(multi_dir), _weights(single_dir)
+    self.assertEqual(sorted(multi), sorted(one))
+    self.assertGreater(len(one), 5)
+    start = _weights_at_init()
+    largest = max(np.max(np.abs(multi[name] - one[name])) for name in one)
+    print(f"largest weight difference, 2 workers vs 1: {largest:.3g}")
+    for name in one:
+      np.testing.assert_allclose(multi[name], one[name], rtol=RTOL, atol=ATOL,
+                                 err_msg=name)
+    # The runs really trained: the weights moved far beyond the tolerance.
+    moved = max(np.max(np.abs(one[name] - start[name])) for name in start)
+    self.assertGreater(moved, 100 * ATOL)
+    # Only the chief wrote model_dir; the other worker cleaned up after itself.
+    self.assertEqual(sorted(os.listdir(multi_dir)),
+                     ["checkpoint", "ckpt-10.data-00000-of-00001",
+                      "ckpt-10.index", "ckpt-20.data-00000-of-00001",
+                      "ckpt-20.index", "config.json", "train"])
+
+  def test_mirrored_resume_replays_the_input_exactly(self):
+    # With 2 replicas tf.distribute's iterator cannot be checkpointed; the
+    # resumed run skips the batches already used. Resumed == uninterrupted.
+    config = configs.resolve(
+        "smoke", width=0.0625, units="1", batch_size=16, train_steps=20,
+        checkpoint_steps=10, log_steps=10, steps_per_loop=5,
+        eval_at_end=False, deterministic=True, strategy="mirrored")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    lines = []
+    whole = self.create_tempdir().full_path
+    train.train(config, whole, strategy=strategy, echo=lines.append)
+    self.assertIn("2 replica(s) (mirrored)", lines[0])
+    halves = self.create_tempdir().full_path
+    train.train(configs.override(config, train_steps=10), halves,
+                strategy=strategy, echo=lines.append)
+    train.train(config, halves, strategy=strategy, echo=lines.append)
+    self.assertIn("resumed from", " ".join(lines))
+    self.assertFalse(any(name.startswith("iterator") for name, _ in
+                         tf.train.list_variables(tf.train.latest_checkpoint(
+                             halves))))
+    resumed, uninterrupted = _weights(halves), _weights(whole)
+    self.assertGreater(len(resumed), 5)
+    for name, value in uninterrupted.items():
+      self.assertTrue(np.array_equal(resumed[name], value), name)
+
+  def test_parameter_server_trains_and_checkpoints(self):
+    model_dir = self.create_tempdir().full_path
+    chief, ps, worker0, worker1 = _free_ports(4)
+    cluster = {"chief": [f"127.0.0.1:{chief}"], "ps": [f"127.0.0.1:{ps}"],
+               "worker": [f"127.0.0.1:{worker0}", f"127.0.0.1:{worker1}"]}
+    args = [*TINY[:-1], "--strategy=parameter_server",
+            f"--model_dir={model_dir}"]
+    servers = [self._start(args, {"cluster": cluster,
+                                  "task": {"type": kind, "index": index}})
+               for kind, index in (("ps", 0), ("worker", 0), ("worker", 1))]
+    coordinator = self._start(args, {"cluster": cluster,
+                                     "task": {"type": "chief", "index": 0}})
+    output = self._wait(coordinator)
+    for server in servers:  # Servers serve until killed.
+      self.assertIsNone(server.poll())
+    self.assertIn("step 20/20", output)
+    self.assertEqual(train.checkpoint_step(
+        tf.train.latest_checkpoint(model_dir)), 20)
+    model, _, step = train.restore_model(model_dir)
+    self.assertEqual(step, 20)
+    self.assertTrue(all(np.all(np.isfinite(w)) for w in model.get_weights()))
+
+
+def _weights_at_init():
+  """The tiny network's initial weights, named as in the checkpoints."""
+  config = configs.resolve("smoke", width=0.0625, units="1")
+  model = train.build_model(config)
+  optimizer = train.build_optimizer(config)
+  optimizer.build(model.trainable_variables)
+  root = os.path.join(absltest.get_default_test_tmpdir(), "init")
+  path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(root)
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if name.startswith(("optimizer/_trainable_variables/", "model/"))}
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,436 @@
+"""Tests of identity_tf/train.py, configs.py, bin/train.py and bin/evaluate.py.
+
+The binaries run as a user runs them (subprocesses, testing.run_binary). All
+networks here are tiny members of the paper's family so that the whole file
+takes a few minutes on two CPU cores.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl.testing import absltest
+import keras
+import numpy as np
+import tensorflow as tf
+
+import identity_tf
+from identity_tf import configs
+from identity_tf import input_pipeline
+from identity_tf import train
+import testing
+
+# A tiny, deterministic run on the synthetic dataset, as binary flags.
+TINY = dict(preset="smoke", width=0.0625, units=1, batch_size=16,
+            learning_rate=0.01, log_steps=10, checkpoint_steps=10,
+            steps_per_loop=5, eval_at_end=False)
+KILL_RUN_STEPS = 150  # Long enough that a kill at step 10 lands mid-run.
+
+
+def _flags(**values):
+  return [f"--{name}={str(v).lower() if isinstance(v, bool) else v}"
+          for name, v in values.items()]
+
+
+def _popen_binary(name, *args):
+  """bin/NAME.py as a child process (testing.run_binary's recipe), piped."""
+  env = dict(os.environ)
+  env["PYTHONPATH"] = testing.source_root() + os.pathsep + env.get(
+      "PYTHONPATH", "")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return subprocess.Popen(
+      [sys.executable, os.path.join(testing.source_root(), "bin", name + ".py"),
+       *map(str, args)],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_line(process, prefix, timeout=300):
+  """Reads PROCESS's stdout until a line starting with PREFIX; returns it."""
+  deadline = time.time() + timeout
+  for line in process.stdout:
+    if line.startswith(prefix):
+      return line
+    if time.time() > deadline:
+      break
+  raise AssertionError(f"no line starting with {prefix!r} from the process "
+                       f"(exit code {process.poll()})")
+
+
+def _checkpoint_tensors(path):
+  """{name: array} of every variable of checkpoint PATH except bookkeeping."""
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if not name.startswith(("iterator", "save_counter", "_CHECKPOINT"))}
+
+
+class PresetTest(absltest.TestCase):
+
+  def _written(self, preset):
+    model_dir = self.create_tempdir().full_path
+    config = configs.resolve(preset)
+    train.write_run(model_dir, train.describe_run(config))
+    with open(os.path.join(model_dir, train.CONFIG_FILE)) as f:
+      return json.load(f)
+
+  def test_cifar_presets_are_the_papers_numbers(self):
+    for preset, classes in (("cifar10_paper", 10), ("cifar100_paper", 100)):
+      run = self._written(preset)
+      config = run["config"]
+      # Section 4.1 of Hardt & Ma (2017).
+      self.assertEqual(config["batch_size"], 128)
+      self.assertEqual(config["learning_rate"], 0.05)
+      self.assertEqual(config["lr_schedule"], "piecewise")
+      self.assertEqual(config["lr_boundaries"], [30000, 50000])
+      self.assertEqual(config["lr_decay_factor"], 0.1)
+      self.assertEqual(config["momentum"], 0.9)
+      self.assertEqual(config["weight_decay"], 1e-4)
+      self.assertEqual(run["model"]["name"], preset[:-len("_paper")])
+      options = run["model"]["options"]
+      self.assertEqual(options["classes"], classes)
+      self.assertEqual(options["init"], "paper")
+      self.assertEqual(options["head"], "frozen")
+      self.assertEqual(options["width"], 1.0)
+      self.assertIsNone(options["units"])  # Table 1's 9 units per stage.
+      self.assertEqual(run["preprocessing"]["kind"], "cifar")
+      self.assertEqual(run["preprocessing"]["pad"], 4)
+      # The schedule really is 0.05, /10 at 30k, /10 again at 50k.
+      schedule = train.learning_rate_schedule(
+          configs.from_dict(run["config"]))
+      rates = [float(schedule(step)) for step in (0, 29999, 30001, 50001)]
+      np.testing.assert_allclose(rates, [0.05, 0.05, 0.005, 0.0005],
+                                 rtol=1e-6)
+
+  def test_imagenet_preset_is_the_papers_numbers(self):
+    run = self._written("imagenet_paper")
+    config = run["config"]
+    # Section 4.2.
+    self.assertEqual(config["batch_size"], 256)
+    self.assertEqual(config["learning_rate"], 0.1)
+    self.assertEqual(config["lr_schedule"], "exponential")
+    self.assertEqual(config["lr_decay_factor"], 0.94)
+    self.assertEqual(config["lr_decay_epochs"], 2.0)
+    self.assertEqual(config["momentum"], 0.9)
+    self.assertEqual(run["model"]["name"], "imagenet")
+    self.assertEqual(run["model"]["options"]["classes"], 1000)
+    self.assertEqual(run["preprocessing"]["kind"], "imagenet")
+    schedule = train.learning_rate_schedule(configs.from_dict(config))
+    two_epochs = round(2 * 1281167 / 256)
+    rates = [float(schedule(step))
+             for step in (0, two_epochs - 1, two_epochs, 2 * two_epochs)]
+    np.testing.assert_allclose(rates, [0.1, 0.1, 0.094, 0.1 * 0.94 ** 2],
+                               rtol=1e-6)
+
+  def test_dry_run_writes_the_resolved_configuration_with_overrides(self):
+    model_dir = self.create_tempdir().full_path
+    result = testing.run_binary(
+        "train", "--preset=cifar10_paper", f"--model_dir={model_dir}",
+        "--learning_rate=0.1", "--lr_boundaries=100,200", "--dry_run",
+        check=True)
+    with open(os.path.join(model_dir, train.CONFIG_FILE)) as f:
+      config = json.load(f)["config"]
+    self.assertEqual(config["learning_rate"], 0.1)       # Overridden.
+    self.assertEqual(config["lr_boundaries"], [100, 200])  # Overridden.
+    self.assertEqual(config["batch_size"], 128)            # The preset's.
+    self.assertEqual(config["weight_decay"], 1e-4)
+    self.assertIn('"learning_rate": 0.1', result.stdout)  # Printed at start.
+    self.assertFalse(tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*")))
+
+
+class ConfigErrorTest(absltest.TestCase):
+
+  def test_bad_values_name_the_flag(self):
+    cases = {
+        "--train_steps must be positive, got -3": dict(train_steps=-3),
+        "--batch_size must be positive": dict(batch_size=0),
+        "--learning_rate must be positive": dict(learning_rate=-0.1),
+        "--momentum must be in [0, 1)": dict(momentum=1.5),
+        "--weight_decay must be >= 0": dict(weight_decay=-1.0),
+        "--strategy must be one of default, mirrored": dict(strategy="gpu"),
+        "--dataset must be one of": dict(dataset="mnist"),
+        "--units must be one positive integer or 3 (one per stage of "
+        "--model=cifar10), got 1,2": dict(units="1,2"),
+        "--lr_boundaries must be increasing": dict(lr_boundaries="50,10"),
+        "--lr_boundaries must be comma-separated integers":
+            dict(lr_boundaries="a,b"),
+        "--model=imagenet does not fit --dataset=synthetic":
+            dict(model="imagenet"),
+    }
+    for message, overrides in cases.items():
+      with self.assertRaisesRegex(ValueError, re.escape(message)):
+        configs.resolve("smoke", **overrides)
+    with self.assertRaisesRegex(ValueError, "unknown --preset 'cifar'"):
+      configs.resolve("cifar")
+
+  def test_resuming_a_different_network_is_refused(self):
+    model_dir = self.create_tempdir().full_path
+    config = configs.resolve("smoke")
+    train.write_run(model_dir, train.describe_run(config))
+    train.check_resumable(model_dir, configs.override(config, train_steps=9))
+    with self.assertRaisesRegex(ValueError,
+                                r"different network: width \(0.25 -> 0.5\)"):
+      train.check_resumable(model_dir, configs.override(config, width=0.5))
+
+  def test_binary_reports_bad_flags_in_one_line(self):
+    model_dir = self.create_tempdir().full_path
+    result = testing.run_binary("train", f"--model_dir={model_dir}",
+                                "--train_steps=-3")
+    self.assertEqual(result.returncode, 1)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertEqual(testing.last_stderr_line(result),
+                     "error: --train_steps must be positive, got -3")
+
+  def test_missing_dataset_is_one_clear_error(self):
+    model_dir = self.create_tempdir().full_path
+    data_dir = self.create_tempdir().full_path
+    result = testing.run_binary(
+        "train", "--preset=cifar10_paper", f"--model_dir={model_dir}",
+        f"--data_dir={data_dir}", "--width=0.0625", "--units=1")
+    self.assertEqual(result.returncode, 1)
+    self.assertNotIn("Traceback", result.stderr)
+    line = testing.last_stderr_line(result)
+    self.assertStartsWith(line, "error: dataset cifar10 is not prepared")
+    self.assertIn(f"--data_dir={data_dir}", line)
+    self.assertRegex(line, r"run '[^']*cifar10[^']*'")  # How to prepare it.
+
+
+class TrainingTest(absltest.TestCase):
+
+  def test_smoke_command_learns_and_says_where_things_are(self):
+    # The README's command, shortened, run from a "user's directory" without
+    # --model_dir: it must default to runs/smoke there.
+    user_dir = self.create_tempdir().full_path
+    env = dict(os.environ, BUILD_WORKING_DIRECTORY=user_dir)
+    result = testing.run_binary("train", "--preset=smoke", "--train_steps=200",
+                                "--checkpoint_steps=100",
+                                "--num_eval_examples=500", env=env, check=True)
+    model_dir = os.path.join(user_dir, "runs", "smoke")
+    lines = result.stdout.splitlines()
+    self.assertEqual(lines[-3], f"checkpoints: {model_dir}")
+    self.assertEqual(lines[-2],
+                     f"TensorBoard: tensorboard --logdir {model_dir}")
+    done = [line for line in lines if line.startswith("done: step 200")]
+    self.assertLen(done, 1)
+    # Clearly above chance (10 classes) on the held-out split.
+    eval_top1 = float(done[0].split("evaluation top-1 ")[1].split()[0])
+    self.assertGreater(eval_top1, 0.3)
+    self.assertEqual(train.checkpoint_step(tf.train.latest_checkpoint(
+        model_dir)), 200)
+    scalars = train.read_scalars(os.path.join(model_dir, "train"))
+    for name in ("loss", "top1", "learning_rate", "images_per_second",
+                 "residual_branch_norm/stage1", "residual_branch_norm/stage2",
+                 "residual_branch_norm/stage3"):
+      self.assertIn(name, scalars)
+    losses = [value for _, value in sorted(scalars["loss"])]
+    self.assertLess(losses[-1], losses[0] - 0.5)  # ln 10 = 2.30 at the start.
+    self.assertGreater(scalars["residual_branch_norm/stage1"][-1][1], 0.0)
+    eval_scalars = train.read_scalars(os.path.join(model_dir, "eval"))
+    self.assertAlmostEqual(eval_scalars["top1"][-1][1], eval_top1, places=3)
+
+  def test_memorises_random_labels(self):
+    # Section 3: residual networks of this family can fit any labelling of n
+    # examples. 256 random images with random labels; the CIFAR architecture
+    # at 1 unit per stage on 8x8 images, the paper's initialisation and
+    # frozen projection, SGD with momentum as in training.
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((256, 8, 8, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 256).astype(np.int32)
+    model = identity_tf.build_model("cifar10", width=1.0, units=1,
+                                    image_size=8)
+    config = configs.resolve("smoke", learning_rate=0.05,
+                             lr_schedule="constant")
+    model.compile(train.build_optimizer(config),
+                  keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+    accuracy = 0.0
+    for epochs in range(10, 201, 10):
+      model.fit(images, labels, batch_size=64, epochs=epochs,
+                initial_epoch=epochs - 10, verbose=0)
+      predictions = np.argmax(model.predict(images, verbose=0), -1)
+      accuracy = np.mean(predictions == labels)
+      if accuracy == 1.0:
+        break
+    self.assertEqual(accuracy, 1.0)
+
+  def test_resume_restores_the_optimizer_state(self):
+    config = configs.resolve(
+        "smoke", width=0.0625, batch_size=16, train_steps=10,
+        checkpoint_steps=10, log_steps=10, steps_per_loop=10,
+        eval_at_end=False, deterministic=True)
+    model_dir = self.create_tempdir().full_path
+    train.train(config, model_dir, echo=lambda line: None)
+    path = tf.train.latest_checkpoint(model_dir)
+    saved = _checkpoint_tensors(path)
+    # A fresh model and optimizer, restored the way train() restores them.
+    model = train.build_model(config)
+    optimizer = train.build_optimizer(config)
+    optimizer.build(model.trainable_variables)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
+        path).expect_partial()
+    self.assertEqual(int(optimizer.iterations.numpy()), 10)
+    slots = [v for v in optimizer.variables
+             if v is not optimizer.iterations and "momentum" in v.path]
+    self.assertLen(slots, len(model.trainable_variables))
+    saved_slots = [saved[name] for name in sorted(saved)
+                   if name.startswith("optimizer/_variables/")]
+    self.assertTrue(any(np.any(s != 0) for s in saved_slots))
+    restored = sorted(np.asarray(s.numpy()).tobytes() for s in slots)
+    on_disk = sorted(np.asarray(s).tobytes() for s in saved_slots
+                     if np.ndim(s) > 0)
+    self.assertEqual(restored, on_disk)
+
+  def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(self):
+    model_dir = self.create_tempdir().full_path
+    config = configs.resolve(
+        "smoke", width=0.0625, batch_size=16, train_steps=10,
+        checkpoint_steps=10, log_steps=10, steps_per_loop=10,
+        eval_at_end=False)
+    train.train(config, model_dir, echo=lambda line: None)
+
+    def corrupted_after_step_12(input_context):
+      # Clean batches for 2 more steps, then an infinite pixel: the loss
+      # of every later step is NaN (inf - inf in the standardised logits).
+      del input_context
+      images = np.zeros((16, 32, 32, 3), np.float32)
+      labels = np.zeros((16,), np.int32)
+      clean = tf.data.Dataset.from_tensors((images, labels)).repeat(2)
+      images[0, 0, 0, 0] = np.inf
+      bad = tf.data.Dataset.from_tensors((images, labels)).repeat()
+      return clean.concatenate(bad)
+
+    with self.assertRaisesRegex(
+        train.NonFiniteLossError,
+        r"became (nan|inf) by step \d+; stopped; the last good checkpoint is "
+        r".*ckpt-10 \(step 10\)"):
+      train.train(configs.override(config, train_steps=30), model_dir,
+                  echo=lambda line: None, dataset_fn=corrupted_after_step_12)
+    latest = tf.train.latest_checkpoint(model_dir)
+    self.assertEqual(train.checkpoint_step(latest), 10)
+    for value in _checkpoint_tensors(latest).values():
+      if np.issubdtype(np.asarray(value).dtype, np.floating):
+        self.assertTrue(np.all(np.isfinite(value)))
+
+
+class InterruptionTest(absltest.TestCase):
+  """SIGKILL, SIGTERM and resuming a --deterministic run, plus bin/evaluate."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp()
+    cls.flags = _flags(**TINY, train_steps=KILL_RUN_STEPS, deterministic=True)
+    cls.reference_dir = os.path.join(cls.root, "uninterrupted")
+    testing.run_binary("train", f"--model_dir={cls.reference_dir}",
+                       *cls.flags, check=True)
+    cls.reference = _checkpoint_tensors(
+        tf.train.latest_checkpoint(cls.reference_dir))
+
+  def setUp(self):
+    super().setUp()
+    self.processes = []
+
+  def tearDown(self):
+    for process in self.processes:
+      if process.poll() is None:
+        process.kill()
+      process.wait()
+      process.stdout.close()
+      process.stderr.close()
+    super().tearDown()
+
+  def _start(self, name, *args):
+    process = _popen_binary(name, *args)
+    self.processes.append(process)
+    return process
+
+  def _assert_matches_reference(self, model_dir):
+    final = _checkpoint_tensors(tf.train.latest_checkpoint(model_dir))
+    self.assertEqual(sorted(final), sorted(self.reference))
+    # Keras saves the trainable weights once, under the optimizer.
+    weights = [name for name in final
+               if name.startswith("optimizer/_trainable_variables/")]
+    self.assertGreater(len(weights), 5)
+    for name, value in self.reference.items():
+      self.assertTrue(np.array_equal(final[name], value),
+                      f"{name} differs from the uninterrupted run")
+
+  def test_sigkill_then_resume_is_bit_identical(self):
+    model_dir = os.path.join(self.root, "killed")
+    process = self._start("train", f"--model_dir={model_dir}", *self.flags)
+    _wait_for_line(process, "saved checkpoint")
+    process.send_signal(signal.SIGKILL)
+    self.assertEqual(process.wait(timeout=60), -signal.SIGKILL)
+    killed_at = train.checkpoint_step(tf.train.latest_checkpoint(model_dir))
+    self.assertLess(killed_at, KILL_RUN_STEPS)  # Really killed mid-way.
+    resumed = testing.run_binary("train", f"--model_dir={model_dir}",
+                                 *self.flags, check=True)
+    self.assertIn(f"resumed from {os.path.join(model_dir, 'ckpt-')}",
+                  resumed.stdout)
+    self._assert_matches_reference(model_dir)
+
+  def test_sigterm_writes_a_checkpoint_and_evaluate_watches(self):
+    # In this process, to save a TensorFlow start-up: SIGTERM arrives right
+    # after the first checkpoint, as preemption would.
+    model_dir = os.path.join(self.root, "terminated")
+    config = configs.resolve(**{**TINY, "units": "1"},
+                             train_steps=KILL_RUN_STEPS, deterministic=True)
+
+    def terminate_after_first_checkpoint(line):
+      if line.startswith("saved checkpoint"):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with self.assertRaises(train.PreemptedError) as raised:
+      train.train(config, model_dir, echo=terminate_after_first_checkpoint)
+    message = str(raised.exception)
+    self.assertRegex(message, r"^stopped by SIGTERM at step \d+; wrote "
+                     r"checkpoint .*ckpt-\d+; run the same command again")
+    stopped_at = int(message.split("at step ")[1].split(";")[0])
+    self.assertLess(stopped_at, KILL_RUN_STEPS)
+    self.assertEqual(train.checkpoint_step(
+        tf.train.latest_checkpoint(model_dir)), stopped_at)
+
+    # One JSON object for the checkpoint SIGTERM wrote.
+    result = testing.run_binary("evaluate", f"--model_dir={model_dir}",
+                                "--num_examples=100", check=True)
+    report = json.loads(result.stdout)
+    self.assertEqual(set(report), {"global_step", "loss", "top1", "top5",
+                                   "examples", "dataset"})
+    self.assertEqual(report["global_step"], stopped_at)
+    self.assertEqual(report["examples"], 100)
+    self.assertBetween(report["top1"], 0.0, report["top5"])
+
+    # --watch follows the resumed run to its last checkpoint.
+    watcher = self._start("evaluate", f"--model_dir={model_dir}", "--watch",
+                          "--watch_interval=0.5", "--watch_timeout=120",
+                          "--num_examples=100", "--write_summaries=false")
+    first = json.loads(_wait_for_line(watcher, "{"))
+    self.assertEqual(first["global_step"], stopped_at)
+    train.train(config, model_dir, echo=lambda line: None)
+    self.assertEqual(watcher.wait(timeout=180), 0)
+    steps = [first["global_step"]] + [
+        json.loads(line)["global_step"] for line in watcher.stdout
+        if line.startswith("{")]
+    self.assertEqual(steps[-1], KILL_RUN_STEPS)
+    self.assertEqual(steps, sorted(set(steps)))
+    self._assert_matches_reference(model_dir)
+
+  def test_evaluate_errors_are_one_line(self):
+    empty = self.create_tempdir().full_path
+    result = testing.run_binary("evaluate", f"--model_dir={empty}")
+    self.assertEqual(result.returncode, 1)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertStartsWith(testing.last_stderr_line(result),
+                          "error: no config.json in --model_dir=")
+    with self.assertRaisesRegex(ValueError, "no checkpoint .*ckpt-99999"):
+      train.restore_model(self.reference_dir, 99999)
+    _, _, step = train.restore_model(self.reference_dir, "ckpt-140")
+    self.assertEqual(step, 140)
+
+
+if __name__ == "__main__":
+  absltest.main()
