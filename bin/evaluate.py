@@ -18,6 +18,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from identity_tf import paths
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string("model_dir", None,
@@ -97,7 +99,7 @@ def main(argv):
 
   try:
     _check_flags()
-    model_dir = train.resolve_path(FLAGS.model_dir)
+    model_dir = paths.resolve_path(FLAGS.model_dir)
     train.read_run(model_dir)  # A clear error if this is no run at all.
     if not FLAGS.watch:
       evaluate(FLAGS.checkpoint)

@@ -21,6 +21,7 @@ from absl import flags
 from absl import logging
 
 from identity_tf import configs
+from identity_tf import paths
 
 FLAGS = flags.FLAGS
 
@@ -108,7 +109,7 @@ def _resolve():
 
   Pure Python, so bad flags are reported before TensorFlow loads.
   """
-  model_dir = configs.resolve_path(FLAGS.model_dir) if FLAGS.model_dir else None
+  model_dir = paths.resolve_path(FLAGS.model_dir) if FLAGS.model_dir else None
   stored = model_dir and os.path.join(model_dir, "config.json")
   if FLAGS.preset is None and stored and "://" in stored:
     from identity_tf import train  # pylint: disable=g-import-not-at-top

@@ -27,14 +27,19 @@ import dataclasses
 import json
 import os
 
+from identity_tf import input_pipeline
+from identity_tf import layers
+from identity_tf import model as model_lib
+from identity_tf import paths
+
 # Names of the learning-rate schedules (see `train.learning_rate_schedule`).
 SCHEDULES = ("piecewise", "exponential", "constant")
 STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu",
               "parameter_server")
-MODELS = ("cifar10", "cifar100", "imagenet", "resnet_bn")
-DATASETS = ("cifar10", "cifar100", "imagenet2012", "synthetic")
-INITS = ("paper", "standard")
-HEADS = ("frozen", "trainable")
+MODELS = tuple(sorted(model_lib.MODELS))
+DATASETS = input_pipeline.DATASETS
+INITS = layers.INIT_SCHEMES
+HEADS = model_lib.HEADS
 
 # The fields that define the network and its input; a model_dir holds one
 # such network, so resuming with different values is refused.
@@ -229,19 +234,6 @@ def to_json(config):
   return json.dumps(to_dict(config), indent=2, sort_keys=True)
 
 
-def resolve_path(path):
-  """PATH made absolute against the directory the user ran the command from.
-
-  Under `bazel run` the working directory is the runfiles tree; Bazel puts
-  the user's directory in BUILD_WORKING_DIRECTORY.
-  """
-  path = os.path.expanduser(path)
-  if os.path.isabs(path) or "://" in path:  # gs://... and other filesystems.
-    return path
-  base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
-  return os.path.normpath(os.path.join(base, path))
-
-
 def default_model_dir(preset):
   """runs/<preset> under the directory the user ran the command from."""
-  return resolve_path(os.path.join("runs", preset))
+  return paths.resolve_path(os.path.join("runs", preset))

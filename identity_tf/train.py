@@ -49,7 +49,6 @@ class PreemptedError(Exception):
   """SIGTERM arrived; a checkpoint was written and the run stopped."""
 
 
-resolve_path = configs.resolve_path
 default_model_dir = configs.default_model_dir
 
 
@@ -442,7 +441,13 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _input_fn(config, data_dir, seed):
+def _input_fn(config, data_dir, seed, start_step=0):
+  """The training dataset_fn, starting START_STEP global steps in.
+
+  The pipeline's stream is a deterministic function of (seed, position), so
+  starting it at a step replays exactly what an uninterrupted run reads
+  from there on (free for CIFAR and synthetic).
+  """
   info = input_pipeline.dataset_info(config.dataset)
 
   def dataset_fn(input_context):
@@ -450,21 +455,9 @@ def _input_fn(config, data_dir, seed):
     return input_pipeline.build_dataset(
         config.dataset, info.train_split, batch, training=True,
         data_dir=data_dir, seed=seed, deterministic=config.deterministic,
-        input_context=input_context, num_examples=config.num_train_examples)
+        input_context=input_context, num_examples=config.num_train_examples,
+        start_step=start_step)
   return dataset_fn
-
-
-def _skipping(dataset_fn, steps):
-  """DATASET_FN with the batches of its first STEPS steps dropped.
-
-  Each of a pipeline's elements is one replica's batch, and a pipeline feeds
-  num_replicas_in_sync / num_input_pipelines replicas per step.
-  """
-  def skipped(input_context):
-    per_step = max(1, input_context.num_replicas_in_sync //
-                   input_context.num_input_pipelines)
-    return dataset_fn(input_context).skip(steps * per_step)
-  return skipped
 
 
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
@@ -529,8 +522,8 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   # The input position is part of the checkpoint where tf.data can save it
   # (one replica per process: a tf.data iterator). Otherwise -- several
   # replicas, or a checkpoint whose iterator no longer fits the pipeline --
-  # the stream, a deterministic function of the seed and the position, is
-  # replayed from the restored step with `skip`. Every worker restores the
+  # the pipeline is started at the restored step (`start_step`), which yields
+  # exactly what the uninterrupted stream would. Every worker restores the
   # chief's checkpoint.
   latest = tf.train.latest_checkpoint(model_dir)
   restored_step = checkpoint_step(latest) if latest else 0
@@ -546,7 +539,9 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
         fn = _input_fn(config, data_dir, config.seed + skip_steps)
       return iter(coordinator.create_per_worker_dataset(
           lambda: strategy.distribute_datasets_from_function(fn)))
-    fn = _skipping(dataset_fn, skip_steps) if skip_steps else dataset_fn
+    fn = dataset_fn
+    if skip_steps and not custom_input:
+      fn = _input_fn(config, data_dir, config.seed, start_step=skip_steps)
     return iter(strategy.distribute_datasets_from_function(fn))
 
   def make_checkpoint(iterator):
