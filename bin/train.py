@@ -175,7 +175,12 @@ def main(argv):
                 f"{evaluation['examples']} {config.dataset} examples")
   _echo(summary)
   _echo(f"checkpoints: {model_dir}")
-  _echo(f"TensorBoard: tensorboard --logdir {model_dir}")
+  # The tensorboard next to this interpreter (.venv's under ./bazelw) is the
+  # one that is installed; a bare `tensorboard` may not be on PATH.
+  tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+  if not os.path.exists(tensorboard):
+    tensorboard = "tensorboard"
+  _echo(f"TensorBoard: {tensorboard} --logdir {model_dir}")
   _echo(f"evaluate:    bazel run //bin:evaluate -- --model_dir={model_dir}")
 
 

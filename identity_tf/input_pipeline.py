@@ -2,7 +2,7 @@
 
 `build_dataset(name, split, batch_size, training=...)` returns a `tf.data`
 pipeline of (images float32 [batch, S, S, 3], labels int32 [batch]) batches.
-The augmentation is the one of the original setup (Section 5 of Hardt & Ma,
+The augmentation is the one of the original setup (Section 4 of Hardt & Ma,
 2017, which follows the 2016 tensorflow/models resnet):
 
 * CIFAR (and `synthetic`): pad 4 pixels with zeros, random 32x32 crop, random

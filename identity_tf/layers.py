@@ -26,10 +26,9 @@ class ResidualInitializer(keras.initializers.Initializer):
   For a k x k convolution kernel with c output channels (shape
   [k, k, c_in, c]) or a dense kernel with c outputs (k = 1):
 
-  * "paper":    std = 1 / (k^2 c)        (Section 5: "a Gaussian with standard
-                                          deviation 1/(k^2 c)" -- much smaller
-                                          than usual, so every unit starts
-                                          near the identity);
+  * "paper":    std = 1 / (k^2 c)        (Section 4 -- much smaller than
+                                          usual, so every unit starts near
+                                          the identity);
   * "standard": std = 1 / (k sqrt(c))    (the usual fan-out variance
                                           1/(k^2 c), He et al. without the 2).
   """
@@ -132,7 +131,7 @@ class ConvResidualUnit(_ConvUnitBase):
   C1 is a k x k convolution to `filters` channels with stride `strides`, C2 a
   k x k convolution with stride 1; S is `shortcut` (identity when the shape is
   kept). No normalisation anywhere; biases only if `use_bias`. With C2 = 0 the
-  unit is exactly S: the identity parametrization of Section 5.
+  unit is exactly S: the identity parametrization of Section 4.
   """
 
   def build(self, input_shape):
