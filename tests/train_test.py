@@ -212,8 +212,11 @@ class TrainingTest(absltest.TestCase):
     model_dir = os.path.join(user_dir, "runs", "smoke")
     lines = result.stdout.splitlines()
     self.assertEqual(lines[-3], f"checkpoints: {model_dir}")
+    # The tensorboard installed next to the interpreter, runnable as printed.
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    self.assertTrue(os.access(tensorboard, os.X_OK), tensorboard)
     self.assertEqual(lines[-2],
-                     f"TensorBoard: tensorboard --logdir {model_dir}")
+                     f"TensorBoard: {tensorboard} --logdir {model_dir}")
     done = [line for line in lines if line.startswith("done: step 200")]
     self.assertLen(done, 1)
     # Clearly above chance (10 classes) on the held-out split.
