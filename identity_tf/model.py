@@ -134,9 +134,17 @@ def build_model(name, **options):
     x = keras.layers.BatchNormalization(name="final_bn")(x)
     x = keras.layers.ReLU(name="final_relu")(x)
   x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+  # Under a mixed-precision policy (e.g. keras.mixed_precision
+  # .set_global_policy("mixed_bfloat16")) the head computes in the variable
+  # dtype, float32: logits, loss and the float32 weight-decay term then add up
+  # without casts, and the softmax is not taken in bfloat16. A no-op
+  # otherwise.
+  policy = keras.config.dtype_policy()
+  head_dtype = (policy.variable_dtype
+                if policy.compute_dtype != policy.variable_dtype else None)
   logits = layers.RandomProjection(
       opts["classes"], seed=seed, trainable=opts["head"] == "trainable",
-      name="projection")(x)
+      dtype=head_dtype, name="projection")(x)
   model = keras.Model(inputs, logits, name=name)
   model.build_options = {"name": name, **opts, "units": list(opts["units"])}
   return model

@@ -460,6 +460,49 @@ def _input_fn(config, data_dir, seed, start_step=0):
   return dataset_fn
 
 
+def make_train_step(strategy, model, optimizer, config):
+  """The training step of `train`: a tf.function (iterator, num_steps) -> sums.
+
+  Each of NUM_STEPS steps takes next(ITERATOR) (a distributed iterator of
+  STRATEGY's per-replica (images, labels) batches) and, on every replica,
+  applies OPTIMIZER to MODEL's gradient of the cross-entropy averaged over
+  the global batch (config.batch_size) plus `l2_penalty(model,
+  config.weight_decay)`. Returns the sums over the steps and replicas of
+  [per-example loss, correct top-1 predictions, examples]. `train` runs this
+  function (scheduled through a ClusterCoordinator under parameter_server);
+  bin/benchmark times it.
+  """
+  global_batch = config.batch_size
+
+  def replica_step(images, labels):
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      per_example = keras.losses.sparse_categorical_crossentropy(
+          labels, logits, from_logits=True)
+      # Mean over the global batch: the optimizer sums the replicas'
+      # gradients.
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=global_batch)
+      total = loss + tf.nn.scale_regularization_loss(
+          l2_penalty(model, config.weight_decay))
+    gradients = tape.gradient(total, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                               labels), tf.float32)
+    return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
+                     tf.cast(tf.size(labels), tf.float32)])
+
+  @tf.function
+  def train_steps(iterator, num_steps):
+    sums = tf.zeros([3])
+    for _ in tf.range(num_steps):
+      per_replica = strategy.run(replica_step, args=next(iterator))
+      sums += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
+                              axis=None)
+    return sums
+  return train_steps
+
+
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
           echo=print, dataset_fn=None):
   """Trains CONFIG in MODEL_DIR, resuming from its latest checkpoint.
@@ -573,32 +616,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       checkpoint, checkpoint_dir, max_to_keep=config.keep_checkpoints,
       checkpoint_name=CHECKPOINT_PREFIX)
 
-  def replica_step(images, labels):
-    with tf.GradientTape() as tape:
-      logits = model(images, training=True)
-      per_example = keras.losses.sparse_categorical_crossentropy(
-          labels, logits, from_logits=True)
-      # Mean over the global batch: the optimizer sums the replicas'
-      # gradients.
-      loss = tf.nn.compute_average_loss(per_example,
-                                        global_batch_size=global_batch)
-      total = loss + tf.nn.scale_regularization_loss(
-          l2_penalty(model, config.weight_decay))
-    gradients = tape.gradient(total, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
-                               labels), tf.float32)
-    return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
-                     tf.cast(tf.size(labels), tf.float32)])
-
-  @tf.function
-  def train_steps(iterator, num_steps):
-    sums = tf.zeros([3])
-    for _ in tf.range(num_steps):
-      per_replica = strategy.run(replica_step, args=next(iterator))
-      sums += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
-                              axis=None)
-    return sums
+  train_steps = make_train_step(strategy, model, optimizer, config)
 
   def run_steps(num_steps):
     """Runs NUM_STEPS steps; returns (loss sum, correct, examples)."""
