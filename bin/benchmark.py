@@ -507,6 +507,18 @@ def _plot_path():
   return paths.resolve_path(path) if path else None
 
 
+def _sweep_lines(sweeps, expectation):
+  """Summary of scaling sweeps: fitted exponents, EXPECTATION, then times."""
+  lines = [f"{name}: time ~ {s['variable']}^{s['exponent']:.2f}"
+           for name, s in sweeps.items()]
+  lines += [expectation, ""]
+  for name, sweep in sweeps.items():
+    lines.append(f"{name}: " + ", ".join(
+        f"{sweep['variable']}={r['size']}: {r['min']:.4f} s"
+        for r in sweep["rows"]))
+  return lines
+
+
 def linear_suite():
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -560,16 +572,9 @@ def linear_suite():
           path, "Section 2: linear residual networks")
     log(f"wrote {path}")
   results = {"sweeps": sweeps, "plot": path, "d": FLAGS.d, "l": FLAGS.l}
-  lines = [f"{name}: time ~ {s['variable']}^{s['exponent']:.2f}"
-           for name, s in sweeps.items()]
-  lines.append("(expected: gradient O(l d^3); construct O(d^3) + O(l d^2) "
-               "output)")
-  lines.append("")
-  for name, sweep in sweeps.items():
-    lines.append(f"{name}: " + ", ".join(
-        f"{sweep['variable']}={r['size']}: {r['min']:.4f} s"
-        for r in sweep["rows"]))
-  return results, lines
+  return results, _sweep_lines(
+      sweeps, "(expected: gradient O(l d^3); construct O(d^3) + O(l d^2) "
+      "output)")
 
 
 def construct_suite():
@@ -620,15 +625,8 @@ def construct_suite():
   results = {"sweeps": sweeps, "plot": path, "d": FLAGS.d, "n": FLAGS.n,
              "networks": [{"n": n, "d": d, **v} for (n, d), v in
                           sorted(details.items())]}
-  lines = [f"{name}: time ~ {s['variable']}^{s['exponent']:.2f}"
-           for name, s in sweeps.items()]
-  lines.append("(evaluation costs n * units * k MACs with units ~ n: ~n^2)")
-  lines.append("")
-  for name, sweep in sweeps.items():
-    lines.append(f"{name}: " + ", ".join(
-        f"{sweep['variable']}={r['size']}: {r['min']:.4f} s"
-        for r in sweep["rows"]))
-  return results, lines
+  return results, _sweep_lines(
+      sweeps, "(evaluation costs n * units * k MACs with units ~ n: ~n^2)")
 
 
 SUITE_FUNCTIONS = {"train_step": train_step_suite, "bf16": bf16_suite,
