@@ -459,10 +459,18 @@ def prepare(name, data_dir=None, echo=print):
     raise ValueError("dataset synthetic is generated in process; there is "
                      "nothing to prepare")
   tfds = _tfds()
-  if name not in tfds.list_builders():
-    raise ValueError(f"unknown TFDS dataset {name!r}; training reads "
-                     f"{', '.join(d for d in DATASETS if d != 'synthetic')}")
   data_dir = os.fspath(data_dir) if data_dir else tfds.core.constants.DATA_DIR
+  # The name is checked against the builders this TFDS ships, with TFDS's own
+  # not-found error. Not `tfds.list_builders()`: it also lists the community
+  # datasets, which means writing ~/.cache and fetching an index online.
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(
+        f"unknown TFDS dataset {name!r}: not a dataset of tensorflow-datasets "
+        f"{tfds.__version__} (https://www.tensorflow.org/datasets/catalog); "
+        f"training reads {', '.join(d for d in DATASETS if d != 'synthetic')}"
+    ) from None
   download_config = None
   if name == "imagenet2012":
     manual = manual_dir(data_dir)
@@ -473,7 +481,6 @@ def prepare(name, data_dir=None, echo=print):
           f"imagenet2012 needs {' and '.join(missing)} in {manual}: download "
           "them from image-net.org (registration required) and run this again")
     download_config = tfds.download.DownloadConfig(manual_dir=manual)
-  builder = tfds.builder(name, data_dir=data_dir)
   if builder.is_prepared():
     echo(f"{name} is already prepared in {builder.data_dir}")
     return builder.data_dir

@@ -184,6 +184,13 @@ class InputPipelineTest(tf.test.TestCase):
         ValueError, "imagenet2012 needs ILSVRC2012_img_train.tar and "
         "ILSVRC2012_img_val.tar in " + os.path.join(empty, "downloads", "manual")):
       ip.prepare("imagenet2012", empty)
+    # An unknown name is refused from what TFDS ships, offline, without
+    # touching the home directory (the suite runs with an unwritable HOME and
+    # no network: tests/fresh_machine_test.py).
+    with self.assertRaisesRegex(ValueError,
+                                "^unknown TFDS dataset 'no_such_dataset': "):
+      ip.prepare("no_such_dataset", empty)
+    self.assertEqual(os.listdir(empty), [])
 
   def test_missing_dataset_is_one_clear_error(self):
     empty = self.create_tempdir().full_path
