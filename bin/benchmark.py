@@ -401,7 +401,10 @@ def input_pipeline_suite():
   from identity_tf import input_pipeline  # pylint: disable=g-import-not-at-top
   config = _config()
   batch = config.batch_size
-  info = input_pipeline.dataset_info(FLAGS.dataset)
+  try:
+    info = input_pipeline.dataset_info(FLAGS.dataset, FLAGS.data_dir)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
   pipelines = {}
   for deterministic in (False, True):
     try:

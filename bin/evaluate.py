@@ -75,21 +75,23 @@ def main(argv):
 
   def evaluate(checkpoint):
     model, description, step = train.restore_model(model_dir, checkpoint)
-    dataset = FLAGS.dataset or description["dataset"]["name"]
-    info = input_pipeline.dataset_info(dataset)
     trained = description["dataset"]
-    if (info.num_classes, info.image_size) != (trained["num_classes"],
-                                               trained["image_size"]):
-      raise ValueError(
-          f"--dataset={dataset} has {info.num_classes} classes of "
-          f"{info.image_size}px images; the model was trained for "
-          f"{trained['num_classes']} classes of {trained['image_size']}px")
-    # The model's own preprocessing when evaluating on its own dataset.
-    preprocessing = (description["preprocessing"]
-                     if dataset == trained["name"] else None)
+    dataset = FLAGS.dataset or trained["name"]
+    # The model's own preprocessing on its own dataset; on another one, that
+    # dataset's preprocessing for the model's input size.
+    preprocessing = description["preprocessing"]
+    if dataset != trained["name"]:
+      info = input_pipeline.dataset_info(dataset, data_dir)
+      if info.num_classes != trained["num_classes"]:
+        raise ValueError(
+            f"--dataset={dataset} has {info.num_classes} classes; the model "
+            f"was trained for the {trained['num_classes']} of "
+            f"{trained['name']}")
+      preprocessing = input_pipeline.preprocessing_config(
+          info, preprocessing["image_size"])
     logging.info("evaluating %s at step %d on %s", model_dir, step, dataset)
     metrics = train.evaluate(
-        model, dataset, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch_size,
+        model, dataset, data_dir=data_dir, batch_size=FLAGS.batch_size,
         num_examples=FLAGS.num_examples, preprocessing=preprocessing)
     if FLAGS.write_summaries:
       train.write_eval_summaries(model_dir, step, metrics)
@@ -100,6 +102,7 @@ def main(argv):
   try:
     _check_flags()
     model_dir = paths.resolve_path(FLAGS.model_dir)
+    data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
     train.read_run(model_dir)  # A clear error if this is no run at all.
     if not FLAGS.watch:
       evaluate(FLAGS.checkpoint)

@@ -1,10 +1,17 @@
-"""Prepares a TFDS dataset for training: the only step that downloads.
+"""Prepares a TFDS dataset for training: the only step that may download.
 
-  bazel run //bin:prepare_data -- --dataset=cifar10 --data_dir=~/tensorflow_datasets
+  bazel run //bin:prepare_data -- --dataset=fashion_mnist --data_dir=DIR
+  bazel run //bin:prepare_data -- --dataset=cifar10 --data_dir=DIR
+  bazel run //bin:prepare_data -- --dataset=mnist --data_dir=DIR \\
+      --source_dir=DIR_WITH_THE_FOUR_IDX_GZ_FILES
   bazel run //bin:prepare_data -- --dataset=imagenet2012 --data_dir=DIR
 
-CIFAR-10/100 are downloaded and converted (needs internet access; prepare on
-another machine and copy DIR where there is none). ImageNet is converted from
+TFDS's own builder converts the dataset's files into DATA_DIR. The files
+come from --source_dir if given (the files TFDS would download, under the
+same names), else from Debian's package where one installs them
+(Fashion-MNIST: `apt-get install dataset-fashion-mnist`, no internet needed),
+else from the internet (CIFAR-10/100 and most others; prepare on another
+machine and copy DIR where there is none). ImageNet is converted from
 ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar, which you download from
 image-net.org into DIR/downloads/manual/. See docs/data.md.
 """
@@ -14,16 +21,20 @@ import os
 from absl import app
 from absl import flags
 
-from identity_tf import input_pipeline
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("dataset", None,
-                    "The TFDS dataset to prepare: cifar10, cifar100, "
-                    "imagenet2012 (or any TFDS dataset, for bin/construct).")
+                    "The TFDS dataset to prepare, e.g. fashion_mnist, "
+                    "cifar10, mnist, svhn_cropped, imagenet2012.")
 flags.DEFINE_string("data_dir", None,
                     "TFDS data directory (default: TFDS's, "
                     "~/tensorflow_datasets or $TFDS_DATA_DIR).")
+flags.DEFINE_string("source_dir", None,
+                    "A directory holding the files the dataset downloads "
+                    "(same names); nothing is downloaded. Default: Debian's "
+                    "package directory where one installs them "
+                    "(fashion_mnist: /usr/share/datasets/fashion-mnist).")
 flags.mark_flag_as_required("dataset")
 
 
@@ -31,13 +42,19 @@ def main(argv):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {argv[1:]}; "
                      "all options are --flags (see --help)")
+  # pylint: disable=g-import-not-at-top
+  from identity_tf import input_pipeline
+  # pylint: enable=g-import-not-at-top
   data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
+  source_dir = (paths.resolve_path(FLAGS.source_dir) if FLAGS.source_dir
+                else None)
   try:
-    path = input_pipeline.prepare(FLAGS.dataset, data_dir)
+    path = input_pipeline.prepare(FLAGS.dataset, data_dir, source_dir)
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
   print(f"{FLAGS.dataset} is ready in {path}; train with "
-        f"--dataset={FLAGS.dataset} --data_dir={os.path.dirname(os.path.dirname(path))}")
+        f"--dataset={FLAGS.dataset} "
+        f"--data_dir={os.path.dirname(os.path.dirname(path))}")
 
 
 if __name__ == "__main__":

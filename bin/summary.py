@@ -14,6 +14,7 @@ from absl import app
 from absl import flags
 
 import identity_tf
+from identity_tf import layers
 from identity_tf import model as model_lib
 
 FLAGS = flags.FLAGS
@@ -26,8 +27,14 @@ flags.DEFINE_list("units", None,
 flags.DEFINE_bool("norm", None, "Batch-norm pre-activation units (resnet_bn's).")
 flags.DEFINE_enum("head", None, list(model_lib.HEADS),
                   "frozen random projection or trainable linear head.")
-flags.DEFINE_enum("init", None, ["paper", "standard"], "Initialisation scheme.")
+flags.DEFINE_enum("init", None, list(layers.INIT_SCHEMES),
+                  "Initialisation scheme.")
 flags.DEFINE_integer("image_size", None, "Input height and width.")
+flags.DEFINE_enum("residual", None, list(layers.RESIDUALS),
+                  "Residual branch: the paper's plain one, SkipInit's zero "
+                  "gain or Fixup.")
+flags.DEFINE_enum("projection_scale", None, list(layers.PROJECTION_SCALES),
+                  "Variance of the projection's entries: 1/classes or 1/d.")
 
 
 def model_options_from_flags():
@@ -41,29 +48,42 @@ def model_options_from_flags():
     units = units[0] if len(units) == 1 else units
   return dict(classes=FLAGS.classes, width=FLAGS.width, units=units,
               norm=FLAGS.norm, head=FLAGS.head, init=FLAGS.init,
-              image_size=FLAGS.image_size)
+              image_size=FLAGS.image_size, residual=FLAGS.residual,
+              projection_scale=FLAGS.projection_scale)
 
 
 def _count(weights):
   return sum(math.prod(w.shape) for w in weights)
 
 
+def layer_options(layer):
+  """The options that change what a layer computes, as short text."""
+  if isinstance(layer, layers.ConvResidualUnit):
+    return f"residual={layer.residual}"
+  if isinstance(layer, layers.RandomProjection):
+    return (f"scale={layer.scale}, "
+            f"{'trained' if layer.trainable else 'frozen'}")
+  return ""
+
+
 def print_layer_table(model):
   """One row per layer and per layer inside a residual unit (plain text, so
   it survives pipes and logs)."""
-  row = "{:<30} {:<22} {:<16} {:>12} {:>14}"
-  print(row.format("layer", "type", "output shape", "trainable", "non-trainable"))
-  print("-" * 98)
+  row = "{:<30} {:<22} {:<16} {:>12} {:>14}  {}"
+  print(row.format("layer", "type", "output shape", "trainable",
+                   "non-trainable", "options"))
+  print("-" * 120)
   for layer in model.layers[1:]:
     shape = "x".join(str(n) for n in layer.output.shape[1:])
     print(row.format(layer.name, type(layer).__name__, shape,
                      f"{_count(layer.trainable_weights):,}",
-                     f"{_count(layer.non_trainable_weights):,}"))
+                     f"{_count(layer.non_trainable_weights):,}",
+                     layer_options(layer)))
     for sub in layer._flatten_layers(include_self=False, recursive=False):
       print(row.format("  " + sub.name, type(sub).__name__, "",
                        f"{_count(sub.trainable_weights):,}",
-                       f"{_count(sub.non_trainable_weights):,}"))
-  print("-" * 98)
+                       f"{_count(sub.non_trainable_weights):,}", ""))
+  print("-" * 120)
 
 
 def main(argv):

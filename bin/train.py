@@ -46,16 +46,25 @@ flags.DEFINE_boolean("dry_run", False,
 # One override flag per configs.Config field; unset flags keep the preset's.
 _HELP = {
     "model": f"Network: {', '.join(configs.MODELS)}.",
-    "dataset": f"Dataset: {', '.join(configs.DATASETS)}.",
+    "dataset": "Dataset: synthetic (built in) or any TFDS image-"
+               "classification dataset, e.g. cifar10, fashion_mnist.",
     "width": "Multiplier of every layer width (1.0 = the paper's).",
     "units": "Residual units per stage: one integer, or one per stage.",
-    "init": f"Initialisation: {', '.join(configs.INITS)}.",
-    "head": f"Final projection: {', '.join(configs.HEADS)}.",
-    "norm": "Batch-norm pre-activation units (the baseline).",
+    "init": f"Initialisation: {', '.join(configs.INITS)} (default: the "
+            "model's).",
+    "head": f"Final projection: {', '.join(configs.HEADS)} (default: the "
+            "model's).",
+    "norm": "Batch-norm pre-activation units (default: the model's).",
     "use_bias": "Biases in the convolutions.",
     "seed": "Seeds the initial weights, the projection and the data order.",
+    "residual": f"Residual branch: {', '.join(configs.RESIDUALS)} "
+                "(SkipInit's zero gain, Fixup; default plain).",
+    "projection_scale": "Variance of the random projection's entries: "
+                        "classes (1/classes, the default) or features (1/d).",
     "num_train_examples": "Train on the first N examples of the split only.",
     "num_eval_examples": "Evaluate on the first N examples only.",
+    "flip": "Random horizontal flips (default: on, except for digit and "
+            "character datasets).",
     "batch_size": "Global batch size (all replicas together).",
     "train_steps": "Total SGD steps (the run stops at this global step).",
     "learning_rate": "Initial learning rate.",
@@ -67,10 +76,17 @@ _HELP = {
     "lr_decay_epochs": "exponential: decay period in epochs.",
     "momentum": "SGD momentum.",
     "weight_decay": "L2 weight decay of the convolution kernels.",
+    "warmup_steps": "Linear learning-rate warm-up over the first N steps "
+                    "(0: off).",
+    "grad_clip_norm": "Clip the global gradient norm to this (0: off).",
+    "agc_clip": "Adaptive gradient clipping threshold lambda (NFNets; "
+                "0: off).",
     "checkpoint_steps": "Write a checkpoint every N steps.",
     "keep_checkpoints": "Keep the last N checkpoints.",
     "log_steps": "Progress line and TensorBoard scalars every N steps.",
     "steps_per_loop": "Steps per tf.function call.",
+    "eval_steps": "Evaluate on the evaluation split every N steps (0: only "
+                  "at the end).",
     "eval_at_end": "Evaluate on the evaluation split when training ends.",
     "eval_batch_size": "Batch size of the evaluation at the end.",
     "strategy": f"tf.distribute strategy: {', '.join(configs.STRATEGIES)}.",
@@ -146,15 +162,17 @@ def main(argv):
   from identity_tf import input_pipeline
   from identity_tf import train
   # pylint: enable=g-import-not-at-top
+  data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
   try:
-    _echo(json.dumps(train.describe_run(config, model_dir=model_dir),
+    info = input_pipeline.dataset_info(config.dataset, data_dir)
+    _echo(json.dumps(train.describe_run(config, info, model_dir=model_dir),
                      indent=2, sort_keys=True))
     if FLAGS.dry_run:
       train.check_resumable(model_dir, config)
-      train.write_run(model_dir, train.describe_run(config))
+      train.write_run(model_dir, train.describe_run(config, info))
       _echo(f"dry run: wrote {os.path.join(model_dir, train.CONFIG_FILE)}")
       return
-    result = train.train(config, model_dir, data_dir=FLAGS.data_dir,
+    result = train.train(config, model_dir, data_dir=data_dir,
                          tpu=FLAGS.tpu, echo=_echo)
   except train.PreemptedError as e:
     print(str(e), file=sys.stderr, flush=True)

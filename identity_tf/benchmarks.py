@@ -243,11 +243,14 @@ def make_train_step(config, images, labels, strategy=None, tpu=None):
   loss, correct predictions, examples], model).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from identity_tf import input_pipeline  # pylint: disable=g-import-not-at-top
   from identity_tf import train  # pylint: disable=g-import-not-at-top
   strategy = strategy or train.create_strategy(config.strategy, tpu)
+  # The classes of CONFIG's dataset; its data is not read.
+  info = input_pipeline.dataset_info(config.dataset)
   with strategy.scope():
-    model = train.build_model(config)
-    optimizer = train.build_optimizer(config)
+    model = train.build_model(config, info)
+    optimizer = train.build_optimizer(config, info)
     optimizer.build(model.trainable_variables)
 
   def dataset_fn(input_context):
@@ -259,7 +262,7 @@ def make_train_step(config, images, labels, strategy=None, tpu=None):
   step_function = train.make_train_step(strategy, model, optimizer, config)
 
   def run(num_steps):
-    return step_function(iterator, tf.constant(num_steps)).numpy()
+    return step_function(iterator, tf.constant(num_steps))["sums"].numpy()
   return run, model
 
 

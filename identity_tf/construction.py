@@ -790,39 +790,24 @@ def keras_logits(model, x, batch_size=4096):
 
 
 def load_tfds(name, num_examples, data_dir=None):
-  """The first NUM_EXAMPLES training images of TFDS dataset NAME, flattened.
+  """The first NUM_EXAMPLES training images of dataset NAME, flattened.
 
-  Returns (x float64 (n, pixels), y int64, number of classes). Never
-  downloads: a dataset that is not prepared in DATA_DIR raises ValueError
-  saying how to prepare it.
+  NAME is any TFDS image-classification dataset (or `synthetic`), read by
+  the input pipeline's loader (`input_pipeline.load_arrays`): never
+  downloads, and a dataset that is not prepared in DATA_DIR raises
+  ValueError saying how to prepare it. The raw pixels are used as they are
+  stored (grayscale stays one channel per pixel).
+
+  Returns (x float64 (n, pixels), y int64, number of classes).
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from identity_tf import input_pipeline  # pylint: disable=g-import-not-at-top
   _check(num_examples >= 1, f"--num_examples must be >= 1, got {num_examples}")
-  try:
-    dataset, info = tfds.load(name, split="train", data_dir=data_dir,
-                              download=False, with_info=True)
-  except Exception as error:  # pylint: disable=broad-except
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    first_line = first_line.split(". ")[0].rstrip(".,")
-    raise ValueError(
-        f"TFDS dataset {name!r} is not prepared in --data_dir="
-        f"{data_dir or '~/tensorflow_datasets'} ({first_line[:120]}); "
-        "prepare it on a machine with internet access with `bazel run "
-        f"//bin:prepare_data -- --dataset={name} --data_dir=DIR` and copy DIR "
-        "here, then pass --data_dir=DIR") from None
-  features = info.features
-  image_key = next((key for key in ("image", "images") if key in features),
-                   None)
-  _check(image_key is not None and "label" in features,
-         f"TFDS dataset {name!r} has no 'image' and 'label' features "
-         f"(features: {', '.join(features.keys())})")
-  images, labels = [], []
-  for example in tfds.as_numpy(dataset.take(num_examples)):
-    images.append(np.asarray(example[image_key], np.float64).ravel())
-    labels.append(int(example["label"]))
-  _check(images, f"TFDS dataset {name!r} has no training examples")
-  return (np.stack(images), np.asarray(labels, np.int64),
-          int(features["label"].num_classes))
+  info = input_pipeline.dataset_info(name, data_dir)
+  images, labels, info = input_pipeline.load_arrays(
+      name, info.train_split, data_dir, num_examples)
+  _check(len(labels), f"dataset {name!r} has no training examples")
+  x = images.reshape(len(images), -1).astype(np.float64)
+  return x, labels.astype(np.int64), info.num_classes
 
 
 # ------------------------------------------------------------------- sgd

@@ -45,47 +45,6 @@ MODEL_INFO_FILE = "model_info.json"
 _TEMPORARY_PREFIX = ".export-tmp-"
 _REPLACED_PREFIX = ".export-old-"
 
-# CIFAR-10's classes in label order (the dataset's batches.meta).
-CIFAR10_LABELS = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
-    "ship", "truck")
-
-# CIFAR-100's 100 fine classes in label order (alphabetical, as in the
-# dataset's meta file and TFDS's "label" feature).
-CIFAR100_LABELS = (
-    "apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle",
-    "bicycle", "bottle", "bowl", "boy", "bridge", "bus", "butterfly", "camel",
-    "can", "castle", "caterpillar", "cattle", "chair", "chimpanzee", "clock",
-    "cloud", "cockroach", "couch", "crab", "crocodile", "cup", "dinosaur",
-    "dolphin", "elephant", "flatfish", "forest", "fox", "girl", "hamster",
-    "house", "kangaroo", "keyboard", "lamp", "lawn_mower", "leopard", "lion",
-    "lizard", "lobster", "man", "maple_tree", "motorcycle", "mountain",
-    "mouse", "mushroom", "oak_tree", "orange", "orchid", "otter", "palm_tree",
-    "pear", "pickup_truck", "pine_tree", "plain", "plate", "poppy",
-    "porcupine", "possum", "rabbit", "raccoon", "ray", "road", "rocket",
-    "rose", "sea", "seal", "shark", "shrew", "skunk", "skyscraper", "snail",
-    "snake", "spider", "squirrel", "streetcar", "sunflower", "sweet_pepper",
-    "table", "tank", "telephone", "television", "tiger", "tractor", "train",
-    "trout", "tulip", "turtle", "wardrobe", "whale", "willow_tree", "wolf",
-    "woman", "worm")
-
-
-def class_names(dataset):
-  """The label names of DATASET in label order, or None where none are known.
-
-  ImageNet's are WordNet synset ids ("n01440764"), from the label list that
-  tensorflow-datasets ships (no download).
-  """
-  if dataset == "cifar10":
-    return list(CIFAR10_LABELS)
-  if dataset == "cifar100":
-    return list(CIFAR100_LABELS)
-  if dataset == "imagenet2012":
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    return list(tfds.builder("imagenet2012").info.features["label"].names)
-  return None
-
-
 # ---------------------------------------------------------------------------
 # Versions.
 
@@ -160,15 +119,17 @@ class ServingModule:
     self.model = model
     self._preprocessing = dict(preprocessing)
     self._size = int(preprocessing["image_size"])
-    # CIFAR-style models take their own size only; ImageNet any size.
+    # The raw images the model was trained on: [H, W, C] for CIFAR-style
+    # models (zero-padded in the graph), [None, None, C] for ImageNet-style
+    # ones (resized and cropped in the graph).
+    self._input_shape = input_pipeline.input_shape(self._preprocessing)
     self._fixed_size = preprocessing["kind"] == "cifar"
 
   def input_signatures(self):
     """{signature name: (function, input signature)}."""
-    pixels = self._size if self._fixed_size else None
     return {
         serving_client.DEFAULT_SIGNATURE: (self._serve_pixels, [
-            tf.TensorSpec([None, pixels, pixels, 3], tf.float32,
+            tf.TensorSpec([None, *self._input_shape], tf.float32,
                           name=serving_client.INPUT_KEY)]),
         serving_client.IMAGES_SIGNATURE: (self._serve_encoded, [
             tf.TensorSpec([None], tf.string,
@@ -207,8 +168,7 @@ class ServingModule:
     """serving_default: raw 0-255 float32 pixels [batch, H, W, 3]."""
     # The input spec already says this; a server feeding the graph directly
     # (TF Serving's C++ session) gets the check at run time too.
-    pixels = self._size if self._fixed_size else None
-    images = tf.ensure_shape(images, [None, pixels, pixels, 3])
+    images = tf.ensure_shape(images, [None, *self._input_shape])
     out_of_range = tf.reduce_any(
         tf.logical_not(tf.logical_and(images >= 0.0, images <= 255.0)),
         axis=[1, 2, 3])  # NaN compares false: caught too.
@@ -227,6 +187,7 @@ class ServingModule:
   def _serve_encoded(self, images):
     """predict_images: encoded JPEG/PNG files [batch]."""
     size = self._size
+    height, width, channels = self._input_shape
     count = tf.shape(images, out_type=tf.int64)[0]
 
     # Each file is decoded and preprocessed as one element of a tf.data
@@ -234,10 +195,13 @@ class ServingModule:
     # failing the request anonymously; the indices that come out tell which
     # element was bad, and an assertion names it.
     def decode(index, encoded):
-      image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+      # Decoding to the model's channels turns colour into grey (or grey
+      # into colour) as the training data was.
+      image = tf.io.decode_image(encoded, channels=channels,
+                                 expand_animations=False)
       height_width = tf.shape(image)[:2]
       if self._fixed_size:  # Checked below; any shape may pass through here.
-        image = tf.image.resize_with_crop_or_pad(image, size, size)
+        image = tf.image.resize_with_crop_or_pad(image, height, width)
       pixels = input_pipeline.preprocess_for_eval(
           image[tf.newaxis], self._preprocessing)[0]
       return index, pixels, height_width
@@ -262,11 +226,12 @@ class ServingModule:
     ]
     if self._fixed_size:
       with tf.control_dependencies(checks):
-        wrong_size = tf.reduce_any(tf.not_equal(sizes, size), axis=1)
+        wrong_size = tf.reduce_any(
+            tf.not_equal(sizes, tf.constant([height, width])), axis=1)
         checks.append(_check_element(
             wrong_size,
-            f"images[{{}}] is not {size}x{size} pixels, the size this model "
-            f"takes: resize it first"))
+            f"images[{{}}] is not {height}x{width} pixels, the size this "
+            f"model takes: resize it first"))
     with tf.control_dependencies(checks):
       pixels = tf.ensure_shape(tf.identity(pixels), [None, size, size, 3])
     return self._outputs(pixels)
@@ -282,14 +247,18 @@ def model_info(description, step, *, version, checkpoint=None,
   dataset = description.get("dataset", {})
   preprocessing = description["preprocessing"]
   num_classes = num_classes or dataset.get("num_classes")
-  names = class_names(dataset.get("name") or config.get("dataset"))
+  # The label names as the dataset gives them (TFDS's ClassLabel), recorded
+  # by training in config.json.
+  names = dataset.get("class_names")
   if names is not None and len(names) != num_classes:
     raise ValueError(
         f"the model has {num_classes} classes but {dataset.get('name')} has "
         f"{len(names)} label names; is config.json from this run?")
   size = int(preprocessing["image_size"])
   fixed = preprocessing["kind"] == "cifar"
-  pixel_shape = [-1, size, size, 3] if fixed else [-1, -1, -1, 3]
+  height, width, channels = input_pipeline.input_shape(preprocessing)
+  pixel_shape = [-1, height or -1, width or -1, channels]
+  colour = "grayscale" if channels == 1 else "RGB"
   return {
       "version": version,
       "model": description.get("model", {}),
@@ -300,17 +269,20 @@ def model_info(description, step, *, version, checkpoint=None,
       "classes": {"count": num_classes, "names": names},
       "input": {
           "image_size": size,
-          "accepts": (f"{size}x{size} RGB images" if fixed else
-                      f"RGB images of any size (resized so the shorter side "
-                      f"is {preprocessing.get('resize')}, centre-cropped to "
-                      f"{size}x{size})"),
+          "accepts": (f"{height}x{width} {colour} images"
+                      + (f" (zero-padded to {size}x{size})"
+                         if (height, width) != (size, size) else "")
+                      if fixed else
+                      f"{colour} images of any size (resized so the shorter "
+                      f"side is {preprocessing.get('resize')}, centre-cropped "
+                      f"to {size}x{size})"),
       },
       "preprocessing": preprocessing,
       "signatures": {
           serving_client.DEFAULT_SIGNATURE: {
               "inputs": {serving_client.INPUT_KEY: {
                   "dtype": "float32", "shape": pixel_shape,
-                  "values": "raw RGB pixels, 0-255"}},
+                  "values": f"raw {colour} pixels, 0-255"}},
               "outputs": _outputs_info(num_classes)},
           serving_client.IMAGES_SIGNATURE: {
               "inputs": {serving_client.INPUT_KEY: {

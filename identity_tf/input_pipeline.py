@@ -1,16 +1,24 @@
-"""Input pipelines of the paper's experiments: CIFAR, ImageNet and synthetic.
+"""Input pipelines: any TFDS image-classification dataset, and `synthetic`.
 
 `build_dataset(name, split, batch_size, training=...)` returns a `tf.data`
-pipeline of (images float32 [batch, S, S, 3], labels int32 [batch]) batches.
-The augmentation is the one of the original setup (Section 4 of Hardt & Ma,
-2017, which follows the 2016 tensorflow/models resnet):
+pipeline of (images float32 [batch, S, S, 3], labels int32 [batch]) batches
+for the network's input size S. The augmentation is the one of the original
+setup (Section 4 of Hardt & Ma, 2017, which follows the 2016
+tensorflow/models resnet), chosen by the images' size:
 
-* CIFAR (and `synthetic`): pad 4 pixels with zeros, random 32x32 crop, random
-  horizontal flip, per-image standardisation. Evaluation: standardisation only.
-* ImageNet: random-resized crop (8%-100% of the area, aspect ratio 3/4-4/3,
-  as Inception/ResNet training does) resized to 224, random flip, per-channel
-  mean/std normalisation. Evaluation: resize the shorter side to 256, centre
-  crop 224, same normalisation.
+* "cifar" (fixed-size images no larger than S: CIFAR, SVHN, Fashion-MNIST,
+  `synthetic`, ...): zero-pad to S x S (28 -> 32 adds 2 pixels per side),
+  then pad S/8 pixels with zeros, random S x S crop, random horizontal flip,
+  per-image standardisation. Evaluation: the zero-padding and the
+  standardisation.
+* "imagenet" (larger or variable-size images): random-resized crop (8%-100%
+  of the area, aspect ratio 3/4-4/3, as Inception/ResNet training does)
+  resized to S, random flip, per-channel mean/std normalisation.
+  Evaluation: resize the shorter side to S * 8/7 (256 for 224), centre crop.
+
+Grayscale images are replicated to 3 channels in both. What a dataset is --
+its classes and their names, image shape, splits and their sizes -- is read
+from TFDS (`dataset_info`), never hard-coded.
 
 The parameters of that preprocessing are a JSON-serialisable dict
 (`preprocessing_config`) that training stores with the model, and
@@ -24,21 +32,24 @@ every augmentation -- is computed with stateless random ops from
 maps, so two runs yield identical batches and a checkpointed iterator
 (`tf.train.Checkpoint(iterator=iter(ds))`) resumes exactly where it stopped.
 
-Small datasets (CIFAR, synthetic) are held in memory and shuffled globally:
-the i-th element of epoch e is example `index_shuffle(i, seed, epoch)`, so
-`start_step` resumes a pipeline at any step for free. ImageNet streams from TFDS's files
-(shuffled file order plus a shuffle buffer) and identifies each example by its
-TFDS id.
+"cifar"-style datasets are held in memory and shuffled globally: the i-th
+element of epoch e is example `index_shuffle(i, seed, epoch)`, so
+`start_step` resumes a pipeline at any step for free. "imagenet"-style ones
+stream from TFDS's files (shuffled file order plus a shuffle buffer) and
+identify each example by its TFDS id.
 """
 
 import dataclasses
 import functools
+import gzip
 import os
+import shutil
 
 import numpy as np
 import tensorflow as tf
 
-DATASETS = ("cifar10", "cifar100", "imagenet2012", "synthetic")
+# The one dataset that is not TFDS's: generated in process (`synthetic_arrays`).
+SYNTHETIC = "synthetic"
 
 
 class DatasetNotReadyError(ValueError):
@@ -51,78 +62,208 @@ class DatasetNotReadyError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-  """What training needs to know about a dataset before reading it."""
+  """What training needs to know about a dataset, read from TFDS.
+
+  `image_shape` is (height, width, channels) with None for a size that
+  varies. Split sizes are None when the dataset is not prepared (the
+  features, hence classes and image shape, are known from TFDS's code
+  without the data).
+  """
   name: str
   num_classes: int
-  image_size: int
-  num_train_examples: int
-  num_eval_examples: int
-  train_split: str  # TFDS split names.
+  image_shape: tuple
+  class_names: tuple
+  train_split: str
   eval_split: str
+  num_train_examples: int = None
+  num_eval_examples: int = None
+  # Encoded JPEG on disk (streaming pipelines decode only the crop window).
+  jpeg: bool = False
 
+  def to_dict(self):
+    """JSON-serialisable (for config.json)."""
+    return {**dataclasses.asdict(self),
+            "image_shape": list(self.image_shape),
+            "class_names": list(self.class_names)}
 
-_INFOS = {
-    "cifar10": DatasetInfo("cifar10", 10, 32, 50_000, 10_000, "train", "test"),
-    # CIFAR-100 with its 100 fine labels (TFDS's "label"; "coarse_label" is
-    # the 20 superclasses, which the paper does not use).
-    "cifar100": DatasetInfo("cifar100", 100, 32, 50_000, 10_000, "train",
-                            "test"),
-    "imagenet2012": DatasetInfo("imagenet2012", 1000, 224, 1_281_167, 50_000,
-                                "train", "validation"),
-    "synthetic": DatasetInfo("synthetic", 10, 32, 10_000, 2_000, "train",
-                             "test"),
-}
 
 # The per-channel statistics of the ImageNet training images on the 0-255
-# scale (RGB), the normalisation used by most ImageNet ResNet pipelines.
+# scale (RGB), the normalisation used by most ImageNet ResNet pipelines and
+# our default for every "imagenet"-style dataset.
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
 
-# Shuffle buffer (in examples) of the streaming ImageNet path; it holds
-# encoded JPEGs (~110 kB each) and is saved with iterator checkpoints (~60 MB);
+# Datasets of digits and characters: a mirror image is another symbol (or
+# none), so random flips are off by default.
+NO_FLIP = ("mnist", "emnist", "kmnist", "svhn_cropped", "binarized_mnist")
+
+# Shuffle buffer (in examples) of the streaming path; it holds encoded images
+# (~110 kB each for ImageNet) and is saved with iterator checkpoints (~60 MB);
 # TFDS already shuffled the examples when preparing and the file order is
 # reshuffled every epoch.
 _IMAGENET_SHUFFLE_BUFFER = 512
 
-
-def _check_name(name):
-  if name not in DATASETS:
-    raise ValueError(
-        f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
-
-
-def dataset_info(name):
-  """The `DatasetInfo` of dataset NAME (one of `DATASETS`)."""
-  _check_name(name)
-  return _INFOS[name]
+# The features every image-classification dataset of TFDS has (for cifar100
+# "label" is the 100 fine classes; the paper does not use "coarse_label").
+_IMAGE = "image"
+_LABEL = "label"
 
 
-def preprocessing_config(name):
-  """The preprocessing parameters of dataset NAME as a JSON-serialisable dict.
+def _synthetic_info():
+  return DatasetInfo(
+      SYNTHETIC, num_classes=10, image_shape=(32, 32, 3),
+      class_names=tuple(f"texture{i}" for i in range(10)),
+      train_split="train", eval_split="test", num_train_examples=10_000,
+      num_eval_examples=2_000)
 
-  Training stores this dict with the model; `preprocess_for_eval` and the
-  training augmentation read everything they do from it.
+
+def _builder(name, data_dir):
+  """TFDS's builder of NAME (reads only what is on disk; never downloads).
+
+  Raises ValueError for a name TFDS does not know, from the builders TFDS
+  ships (not `tfds.list_builders()`, which writes ~/.cache and goes online
+  for the community datasets).
   """
-  info = dataset_info(name)
-  if name == "imagenet2012":
+  tfds = _tfds()
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(
+        f"unknown dataset {name!r}: not {SYNTHETIC} and not a dataset of "
+        f"tensorflow-datasets {tfds.__version__} (see "
+        "https://www.tensorflow.org/datasets/catalog)") from None
+
+
+def info_from_builder(builder):
+  """The `DatasetInfo` of a TFDS builder, prepared or not.
+
+  Raises ValueError if it is not an image-classification dataset (an "image"
+  and a "label" ClassLabel feature) with 1 or 3 channels.
+  """
+  tfds = _tfds()
+  name = builder.info.name
+  features = builder.info.features
+  image = features[_IMAGE] if _IMAGE in features else None
+  label = features[_LABEL] if _LABEL in features else None
+  if not (isinstance(image, tfds.features.Image) and
+          isinstance(label, tfds.features.ClassLabel)):
+    raise ValueError(
+        f"dataset {name!r} is not an image-classification dataset: training "
+        f"needs an 'image' and a 'label' (ClassLabel) feature; it has "
+        f"{', '.join(features.keys())}")
+  shape = tuple(image.shape)
+  if shape[-1] not in (1, 3):
+    raise ValueError(
+        f"dataset {name!r} has {shape[-1]}-channel images; training reads "
+        "grayscale (1) or RGB (3)")
+  splits = builder.info.splits if builder.is_prepared() else {}
+  # The held-out split: "validation" where a dataset has one (ImageNet's
+  # "test" has no labels), else "test" (CIFAR, MNIST, SVHN).
+  eval_split = next((s for s in ("validation", "test") if s in splits), None)
+
+  def size(split):
+    return splits[split].num_examples if split in splits else None
+
+  return DatasetInfo(
+      name, num_classes=int(label.num_classes), image_shape=shape,
+      class_names=tuple(label.names), train_split="train",
+      eval_split=eval_split, num_train_examples=size("train"),
+      num_eval_examples=size(eval_split),
+      jpeg=getattr(image, "encoding_format", None) == "jpeg")
+
+
+def dataset_info(name, data_dir=None):
+  """The `DatasetInfo` of NAME: `synthetic` or any TFDS image dataset.
+
+  Reads DATA_DIR (None: TFDS's default) for the split sizes of a prepared
+  dataset; never downloads. Raises ValueError for unknown names and
+  datasets that are not image classification.
+  """
+  if name == SYNTHETIC:
+    return _synthetic_info()
+  data_dir = os.fspath(data_dir) if data_dir else None
+  return info_from_builder(_builder(name, data_dir))
+
+
+def prepared_info(name, data_dir=None):
+  """`dataset_info` of NAME, which must be prepared in DATA_DIR.
+
+  Raises DatasetNotReadyError (one line saying how to prepare it) if not.
+  """
+  if name == SYNTHETIC:
+    return _synthetic_info()
+  return info_from_builder(_prepared_builder(name, data_dir, "train"))
+
+
+def preprocessing_config(info, image_size=None, flip=None):
+  """The preprocessing of dataset INFO for a network of input IMAGE_SIZE.
+
+  A JSON-serialisable dict; training stores it with the model, and
+  `preprocess_for_eval` and the training augmentation read everything they
+  do from it. IMAGE_SIZE None means the images' own size for fixed-size
+  datasets and 224 for variable-size ones. FLIP None means on, except for
+  the digit and character datasets of `NO_FLIP`.
+
+  Raises ValueError if the images are less than half the input size (a
+  frame of zeros around a small image; use a network with a smaller input).
+  """
+  height, width, channels = info.image_shape
+  fixed = height is not None and width is not None
+  if image_size is None:
+    image_size = max(height, width) if fixed else 224
+  image_size = int(image_size)
+  flip = info.name not in NO_FLIP if flip is None else bool(flip)
+  if fixed and max(height, width) <= image_size:
+    if 2 * max(height, width) < image_size:
+      raise ValueError(
+          f"{info.name}'s {height}x{width} images are less than half the "
+          f"network's {image_size}x{image_size} input; use a network of the "
+          "CIFAR family (32x32 input)")
     return {
-        "kind": "imagenet",
-        "image_size": info.image_size,
-        "resize": 256,                       # Evaluation: shorter side.
-        "crop_area_range": [0.08, 1.0],      # Training: random-resized crop.
-        "crop_aspect_ratio_range": [3 / 4, 4 / 3],
-        "flip": True,
-        "standardize": "per_channel",
-        "mean": list(IMAGENET_MEAN),
-        "std": list(IMAGENET_STD),
+        "kind": "cifar",
+        "image_size": image_size,
+        "input_size": [height, width],        # Zero-padded to image_size.
+        "channels": channels,                 # 1: replicated to 3.
+        "pad": max(1, image_size // 8),       # Training: random translation.
+        "flip": flip,
+        "standardize": "per_image",
     }
   return {
-      "kind": "cifar",
-      "image_size": info.image_size,
-      "pad": 4,
-      "flip": True,
-      "standardize": "per_image",
+      "kind": "imagenet",
+      "image_size": image_size,
+      "channels": channels,
+      "resize": round(image_size * 8 / 7),    # Evaluation: shorter side.
+      "crop_area_range": [0.08, 1.0],         # Training: random-resized crop.
+      "crop_aspect_ratio_range": [3 / 4, 4 / 3],
+      "flip": flip,
+      "standardize": "per_channel",
+      "mean": list(IMAGENET_MEAN),
+      "std": list(IMAGENET_STD),
   }
+
+
+def check_fits(preprocessing, info):
+  """ValueError unless PREPROCESSING takes the images of dataset INFO.
+
+  PREPROCESSING (e.g. read back from a model's config.json) must be what
+  `preprocessing_config` gives for INFO at its image_size: the same kind,
+  and for "cifar" the same image size and channels.
+  """
+  _check_preprocessing(preprocessing)
+  expected = preprocessing_config(info, preprocessing["image_size"])
+  if preprocessing["kind"] != expected["kind"] or (
+      preprocessing["kind"] == "cifar" and
+      input_shape(preprocessing) != input_shape(expected)):
+    raise ValueError(
+        f"this preprocessing ({preprocessing['kind']}, for "
+        f"{shape_text(input_shape(preprocessing))} images) does not fit "
+        f"{info.name}'s {shape_text(info.image_shape)} images; use "
+        f"preprocessing_config() of {info.name}")
+
+
+def shape_text(shape):
+  """[28, 28, 1] -> "28x28x1"; a size that varies is "?"."""
+  return "x".join("?" if n is None else str(n) for n in shape)
 
 
 # ---------------------------------------------------------------------------
@@ -147,6 +288,35 @@ def _check_preprocessing(preprocessing):
     raise ValueError(
         f"unknown standardize {standardize!r}; valid: "
         f"{', '.join(_STANDARDIZE)}")
+  if _channels(preprocessing) not in (1, 3):
+    raise ValueError(f"channels must be 1 or 3, got "
+                     f"{preprocessing['channels']!r}")
+
+
+def _channels(preprocessing):
+  # Configs written before grayscale datasets were supported have no
+  # "channels": they were RGB.
+  return int(preprocessing.get("channels", 3))
+
+
+def input_shape(preprocessing):
+  """[height, width, channels] of the raw images PREPROCESSING takes.
+
+  None for the height and width of "imagenet" preprocessing, which takes any
+  size. This is the shape an exported model's pixel signature accepts.
+  """
+  if preprocessing["kind"] == "imagenet":
+    return [None, None, _channels(preprocessing)]
+  size = int(preprocessing["image_size"])
+  height, width = preprocessing.get("input_size", [size, size])
+  return [int(height), int(width), _channels(preprocessing)]
+
+
+def _to_rgb(images, preprocessing):
+  """Float32 [..., C] with the preprocessing's C -> [..., 3]: grey replicated."""
+  if _channels(preprocessing) == 1:
+    return tf.image.grayscale_to_rgb(images)
+  return images
 
 
 def _standardize(images, preprocessing):
@@ -179,10 +349,11 @@ def preprocess_for_eval(images, preprocessing):
   """Evaluation preprocessing of a batch of raw images.
 
   Args:
-    images: uint8, or float32 holding raw 0-255 values, [batch, H, W, 3]. For
-      "cifar" preprocessing H = W = image_size (other sizes are centre-cropped
-      or zero-padded to it); for "imagenet" any H, W (resized so the shorter
-      side is `resize`, then centre-cropped).
+    images: uint8, or float32 holding raw 0-255 values, [batch, H, W, C] with
+      the preprocessing's channels C (1: grayscale, replicated to RGB). For
+      "cifar" preprocessing H, W = `input_size` (centrally zero-padded, or
+      cropped, to image_size); for "imagenet" any H, W (resized so the
+      shorter side is `resize`, then centre-cropped).
     preprocessing: a dict from `preprocessing_config`.
 
   Returns:
@@ -190,7 +361,7 @@ def preprocess_for_eval(images, preprocessing):
     can run inside a SavedModel signature.
   """
   _check_preprocessing(preprocessing)
-  images = tf.cast(images, tf.float32)
+  images = _to_rgb(tf.cast(images, tf.float32), preprocessing)
   size = int(preprocessing["image_size"])
   if preprocessing["kind"] == "imagenet":
     images = _resize_shorter_side_and_center_crop(
@@ -216,16 +387,20 @@ def example_seeds(seed, index, epoch, count):
 
 
 def random_pad_crop_flip(image, preprocessing, seeds):
-  """CIFAR's geometric augmentation of one image [S, S, 3], before normalising.
+  """CIFAR's geometric augmentation of one raw image, before normalising.
 
-  Zero-pads `pad` pixels on every side and takes a random S x S crop (so the
-  content moves by up to `pad` pixels), then flips left-right with
-  probability 1/2 if `flip`. SEEDS is [2, 2] int32: one stateless seed for
-  the crop, one for the flip. Returns float32 with the input's values.
+  The image [H, W, C] (`input_size`, the preprocessing's channels) becomes
+  RGB and is zero-padded centrally to S x S (S = image_size), as in
+  evaluation. Then it is zero-padded by `pad` pixels on every side and a
+  random S x S crop is taken (the content moves by up to `pad` pixels), and
+  it is flipped left-right with probability 1/2 if `flip`. SEEDS is [2, 2]
+  int32: one stateless seed for the crop, one for the flip. Returns float32
+  [S, S, 3] with the input's values.
   """
   size = int(preprocessing["image_size"])
   pad = int(preprocessing["pad"])
-  image = tf.cast(image, tf.float32)
+  image = _to_rgb(tf.cast(image, tf.float32), preprocessing)
+  image = tf.image.resize_with_crop_or_pad(image, size, size)
   if pad:
     image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
     image = tf.image.stateless_random_crop(image, [size, size, 3], seeds[0])
@@ -261,7 +436,7 @@ def random_resized_crop_window(shape, preprocessing, seed):
 
 
 def augment_imagenet(image, preprocessing, seeds):
-  """Training augmentation of one ImageNet image: encoded JPEG or uint8 HxWx3.
+  """Training augmentation of one large image: encoded JPEG or uint8 HxWxC.
 
   Random-resized crop: a window of 8%-100% of the image's area with aspect
   ratio in [3/4, 4/3] (by default; from `preprocessing`), resized to
@@ -276,10 +451,13 @@ def augment_imagenet(image, preprocessing, seeds):
   top, left, _ = tf.unstack(begin)
   height, width, _ = tf.unstack(window)
   if encoded:
+    # channels=3 turns grayscale JPEGs into RGB as well.
     image = tf.image.decode_and_crop_jpeg(
         image, tf.stack([top, left, height, width]), channels=3)
   else:
-    image = tf.slice(image, [top, left, 0], [height, width, 3])
+    image = _to_rgb(tf.cast(
+        tf.slice(image, [top, left, 0], [height, width, -1]), tf.float32),
+                    preprocessing)
   image = tf.image.resize(tf.cast(image, tf.float32), [size, size],
                           method="bilinear")
   if preprocessing.get("flip", True):
@@ -287,15 +465,12 @@ def augment_imagenet(image, preprocessing, seeds):
   return tf.ensure_shape(_standardize(image, preprocessing), [size, size, 3])
 
 
-def _decode_image(image):
-  if image.dtype == tf.string:
-    return tf.io.decode_image(image, channels=3, expand_animations=False)
-  return image
-
-
 def _eval_one(image, preprocessing):
   """`preprocess_for_eval` of one image of any size (streaming pipelines)."""
-  return preprocess_for_eval(_decode_image(image)[tf.newaxis], preprocessing)[0]
+  if image.dtype == tf.string:
+    image = tf.io.decode_image(image, channels=_channels(preprocessing),
+                               expand_animations=False)
+  return preprocess_for_eval(image[tf.newaxis], preprocessing)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -318,12 +493,12 @@ def synthetic_arrays(split):
   textures within a few hundred steps. The arrays are cached per process and
   read-only.
   """
-  info = _INFOS["synthetic"]
+  info = _synthetic_info()
   if split not in (info.train_split, info.eval_split):
     raise ValueError(
         f"synthetic has splits {info.train_split!r} and {info.eval_split!r}, "
         f"not {split!r}")
-  classes, size = info.num_classes, info.image_size
+  classes, size = info.num_classes, info.image_shape[0]
   class_rng = np.random.default_rng(SYNTHETIC_SEED)
   # Distinct integer frequency vectors (fy, fx), |f| <= 5 cycles per image.
   candidates = [(fy, fx) for fy in range(-5, 6) for fx in range(0, 6)
@@ -378,30 +553,45 @@ def _tfds():
   return tfds
 
 
+# Datasets that a Debian package installs, so that a machine without internet
+# access can prepare them: TFDS name -> (package, directory of its files).
+DEBIAN_SOURCES = {
+    "fashion_mnist": ("dataset-fashion-mnist",
+                      "/usr/share/datasets/fashion-mnist"),
+}
+
+
+def _how_to_prepare(name, data_dir):
+  if name == "imagenet2012":
+    return (f"put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from "
+            f"image-net.org into {manual_dir(data_dir)} and run 'bazel run "
+            "//bin:prepare_data -- --dataset=imagenet2012 "
+            f"--data_dir={data_dir}' (no internet needed)")
+  command = (f"'bazel run //bin:prepare_data -- --dataset={name} "
+             f"--data_dir={data_dir}'")
+  if name in DEBIAN_SOURCES:
+    return (f"run 'apt-get install {DEBIAN_SOURCES[name][0]}', then "
+            f"{command} (no internet needed)")
+  return (f"run {command} on a machine with internet access and copy that "
+          "directory here")
+
+
 def _not_ready_message(name, data_dir, given, problem):
   """One line: what is missing where, and how to prepare it."""
   where = (f"--data_dir={data_dir}" if given else
            f"{data_dir} (TFDS's default; --data_dir not set)")
-  if name == "imagenet2012":
-    manual = manual_dir(data_dir)
-    how = (f"put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from "
-           f"image-net.org into {manual} and run 'bazel run //bin:prepare_data "
-           f"-- --dataset=imagenet2012 --data_dir={data_dir}' (no internet "
-           "needed), or pass --data_dir pointing to a prepared copy")
-  else:
-    how = (f"run 'bazel run //bin:prepare_data -- --dataset={name} "
-           f"--data_dir={data_dir}' on a machine with internet access and copy "
-           "that directory here, or pass --data_dir pointing to a prepared "
-           "copy (or use --dataset=synthetic)")
-  return f"dataset {name} is not prepared in {where} ({problem}): {how}"
+  return (f"dataset {name} is not prepared in {where} ({problem}): "
+          f"{_how_to_prepare(name, data_dir)}, or pass --data_dir pointing "
+          f"to a prepared copy (or use --dataset={SYNTHETIC})")
 
 
-def _prepared_builder(name, data_dir, split):
+def _prepared_builder(name, data_dir, split=None):
   """The TFDS builder of NAME in DATA_DIR, checked to hold SPLIT.
 
   Only reads what is on disk: never downloads, never prepares.
 
   Raises:
+    ValueError: NAME is not a TFDS dataset.
     DatasetNotReadyError: the directory, the prepared dataset or the split
       is missing.
   """
@@ -410,11 +600,11 @@ def _prepared_builder(name, data_dir, split):
   # TFDS's default (TFDS_DATA_DIR or ~/tensorflow_datasets), made explicit so
   # that the error message can name it.
   data_dir = os.fspath(data_dir) if given else tfds.core.constants.DATA_DIR
+  builder = _builder(name, data_dir)
   if not tf.io.gfile.isdir(data_dir):
     raise DatasetNotReadyError(
         _not_ready_message(name, data_dir, given, "no such directory"))
   try:
-    builder = tfds.builder(name, data_dir=data_dir)
     prepared = builder.is_prepared()
   except Exception as e:  # pylint: disable=broad-except
     # Whatever TFDS raises for an unreadable directory becomes the one-line
@@ -425,7 +615,7 @@ def _prepared_builder(name, data_dir, split):
   if not prepared:
     raise DatasetNotReadyError(_not_ready_message(
         name, data_dir, given, f"no {name}/{builder.version} in it"))
-  if split not in builder.info.splits:
+  if split is not None and split not in builder.info.splits:
     raise DatasetNotReadyError(_not_ready_message(
         name, data_dir, given,
         f"split {split!r} missing from {name}/{builder.version}"))
@@ -440,38 +630,75 @@ def manual_dir(data_dir):
 IMAGENET_ARCHIVES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
 
 
-def prepare(name, data_dir=None, echo=print):
+def _local_download_manager(source_dir, download_dir, dataset_name):
+  """A TFDS download manager that answers every download from SOURCE_DIR.
+
+  A URL resolves to the file of the same name in SOURCE_DIR; extracting it
+  (gzip, tar, zip) is TFDS's own code, so the builder prepares exactly what
+  it would from the publisher's files. TFDS's registered checksums are not
+  checked: they are the publisher's archives' bytes, and a repackaged copy
+  of the same content has others (Debian recompresses the .gz files).
+  """
+  tfds = _tfds()
+
+  class LocalFiles(tfds.download.DownloadManager):
+
+    missing = None  # The one-line error, once a file was not found.
+
+    def download(self, url_or_urls):
+      def local(url):
+        url = getattr(url, "url", url)  # A str or a tfds.download.Resource.
+        path = os.path.join(source_dir, os.path.basename(url.split("?")[0]))
+        if not os.path.isfile(path):
+          self.missing = (
+              f"{source_dir} has no {os.path.basename(path)}, which "
+              f"{dataset_name} downloads from {url}; put the file there "
+              "(same name) and run this again")
+          raise FileNotFoundError(self.missing)
+        return tfds.core.Path(path)
+      return tf.nest.map_structure(local, url_or_urls)
+
+    def download_and_extract(self, url_or_urls):
+      return self.extract(self.download(url_or_urls))
+
+  return LocalFiles(download_dir=download_dir, dataset_name=dataset_name)
+
+
+def prepare(name, data_dir=None, source_dir=None, echo=print):
   """Prepares TFDS dataset NAME in DATA_DIR; the one step that may download.
 
-  NAME is one of `DATASETS` or, for `bin/construct`, any TFDS dataset.
-  CIFAR-10/100 are downloaded (about 160 MB each) and converted; ImageNet is
-  converted from the two archives the user put into `manual_dir(data_dir)`
-  (no internet needed). A dataset already prepared is left as it is.
+  NAME is any TFDS dataset. Its files come from SOURCE_DIR if given (the
+  files TFDS would download, under the same names), else from the directory
+  of the Debian package that installs them (`DEBIAN_SOURCES`: Fashion-MNIST
+  from dataset-fashion-mnist) if it is installed, else from the internet
+  (CIFAR-10/100: about 160 MB each). ImageNet is converted from the two
+  archives the user put into `manual_dir(data_dir)` (no internet needed).
+  TFDS's own builder converts the files. A dataset already prepared is left
+  as it is.
 
   Returns:
     The directory of the prepared dataset (DATA_DIR/NAME/VERSION).
 
   Raises:
-    ValueError: `synthetic` (nothing to prepare), missing ImageNet archives,
-      or a failed download (one line saying what to do instead).
+    ValueError: `synthetic` (nothing to prepare), an unknown name, missing
+      local files or ImageNet archives, or a failed download (one line
+      saying what to do instead).
   """
-  if name == "synthetic":
-    raise ValueError("dataset synthetic is generated in process; there is "
+  if name == SYNTHETIC:
+    raise ValueError(f"dataset {SYNTHETIC} is generated in process; there is "
                      "nothing to prepare")
   tfds = _tfds()
   data_dir = os.fspath(data_dir) if data_dir else tfds.core.constants.DATA_DIR
-  # The name is checked against the builders this TFDS ships, with TFDS's own
-  # not-found error. Not `tfds.list_builders()`: it also lists the community
-  # datasets, which means writing ~/.cache and fetching an index online.
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise ValueError(
-        f"unknown TFDS dataset {name!r}: not a dataset of tensorflow-datasets "
-        f"{tfds.__version__} (https://www.tensorflow.org/datasets/catalog); "
-        f"training reads {', '.join(d for d in DATASETS if d != 'synthetic')}"
-    ) from None
-  download_config = None
+  builder = _builder(name, data_dir)
+  if source_dir is not None and not os.path.isdir(source_dir):
+    raise ValueError(f"--source_dir={source_dir} is not a directory")
+  if source_dir is None and name in DEBIAN_SOURCES and os.path.isdir(
+      DEBIAN_SOURCES[name][1]):
+    source_dir = DEBIAN_SOURCES[name][1]
+  # TFDS would first look for a prepared copy on Google Cloud Storage: not
+  # wanted when the files are here, and slow to fail offline.
+  download_config = tfds.download.DownloadConfig(
+      try_download_gcs=source_dir is None)
   if name == "imagenet2012":
     manual = manual_dir(data_dir)
     missing = [f for f in IMAGENET_ARCHIVES
@@ -484,46 +711,79 @@ def prepare(name, data_dir=None, echo=print):
   if builder.is_prepared():
     echo(f"{name} is already prepared in {builder.data_dir}")
     return builder.data_dir
-  echo(f"preparing {name} in {data_dir} with TFDS (downloads and converts; "
-       "CIFAR takes a few minutes, ImageNet hours)")
+  local = None
+  if source_dir is not None:
+    echo(f"preparing {name} in {data_dir} with TFDS from the files in "
+         f"{source_dir} (no download)")
+    # TFDS has no public way to hand a builder local files whose checksums
+    # differ from the registered ones; the download manager is the one place
+    # where downloading happens, so it is the one thing replaced.
+    local = _local_download_manager(
+        source_dir, os.path.join(data_dir, "downloads"), name)
+    builder._make_download_manager = lambda **unused: local  # pylint: disable=protected-access
+  else:
+    echo(f"preparing {name} in {data_dir} with TFDS (downloads and converts; "
+         "CIFAR takes a few minutes, ImageNet hours)")
   try:
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # pylint: disable=broad-except
+    if local is not None and local.missing:
+      raise ValueError(local.missing) from None
     # Network failures surface as many different exception types; the user
     # needs one line and the way out, not TFDS's traceback.
     problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    advice = ("check the files in --source_dir" if source_dir else
+              "on a machine without internet access prepare it elsewhere and "
+              "copy the directory here, or pass --source_dir with the files "
+              "it downloads")
     raise ValueError(
         f"could not prepare {name} in {data_dir} ({type(e).__name__}: "
-        f"{problem}); on a machine without internet access prepare it "
-        "elsewhere and copy the directory here") from e
+        f"{problem}); {advice}") from e
   return builder.data_dir
 
 
-def _split_size(builder, split):
-  return builder.info.splits[split].num_examples
+def _tfds_arrays(builder, split, stop, image_shape):
+  """Split SPLIT[:STOP] of a small TFDS dataset, decoded, in memory.
 
-
-# The label feature of all three TFDS datasets; for cifar100 it is the fine
-# label (the 20 superclasses are "coarse_label", which the paper does not use).
-_LABEL = "label"
-
-
-def _tfds_arrays(builder, split, stop):
-  """Split SPLIT[:STOP] of a small TFDS dataset, decoded, in memory."""
+  Returns (images uint8 [n, *IMAGE_SHAPE], labels int32 [n]).
+  """
   tfds = _tfds()
   ds = builder.as_dataset(split=f"{split}[:{stop}]", shuffle_files=False,
                           read_config=tfds.ReadConfig(
                               interleave_cycle_length=1))
-  ds = ds.map(lambda ex: (ex["image"], tf.cast(ex[_LABEL], tf.int32)),
+  ds = ds.map(lambda ex: (ex[_IMAGE], tf.cast(ex[_LABEL], tf.int32)),
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   images, labels = [], []
   for image_batch, label_batch in ds.batch(4096).as_numpy_iterator():
     images.append(image_batch)
     labels.append(label_batch)
-  images = np.concatenate(images) if images else np.zeros((0, 32, 32, 3),
-                                                          np.uint8)
+  images = (np.concatenate(images) if images
+            else np.zeros((0, *image_shape), np.uint8))
   labels = np.concatenate(labels) if labels else np.zeros((0,), np.int32)
   return images, labels
+
+
+def load_arrays(name, split, data_dir=None, num_examples=None):
+  """The first NUM_EXAMPLES (all if None) raw examples of NAME's SPLIT.
+
+  Returns (images uint8 [n, H, W, C], labels int32 [n], `DatasetInfo`), for
+  fixed-size image datasets (what fits in memory). Never downloads.
+
+  Raises:
+    ValueError / DatasetNotReadyError: as `build_dataset`.
+  """
+  if name == SYNTHETIC:
+    images, labels = synthetic_arrays(split)
+    return images[:num_examples], labels[:num_examples], _synthetic_info()
+  builder = _prepared_builder(name, data_dir, split)
+  info = info_from_builder(builder)
+  if None in info.image_shape:
+    raise ValueError(f"{name} has images of varying size; they are streamed, "
+                     "not loaded into memory")
+  size = builder.info.splits[split].num_examples
+  stop = size if num_examples is None else min(num_examples, size)
+  images, labels = _tfds_arrays(builder, split, stop, info.image_shape)
+  return images, labels, info
 
 
 # ---------------------------------------------------------------------------
@@ -611,8 +871,12 @@ def _in_memory_dataset(images, labels, batch_size, preprocessing, *, training,
 
 
 def _streaming_dataset(builder, split, batch_size, preprocessing, *,
-                       training, seed, input_context, stop, start_step):
-  """Batches streamed from TFDS files (ImageNet)."""
+                       training, seed, input_context, stop, start_step, jpeg):
+  """Batches streamed from TFDS files (ImageNet and other large images).
+
+  JPEG files stay encoded until augmentation decodes only the crop window;
+  other encodings are decoded by TFDS.
+  """
   tfds = _tfds()
   pipeline, pipelines, per_pipeline, _ = _shard_layout(input_context,
                                                        batch_size)
@@ -630,18 +894,18 @@ def _streaming_dataset(builder, split, batch_size, preprocessing, *,
   ds = builder.as_dataset(
       split=f"{split}[{start}:{end}]", shuffle_files=training,
       read_config=read_config,
-      decoders={"image": tfds.decode.SkipDecoding()})
+      decoders={_IMAGE: tfds.decode.SkipDecoding()} if jpeg else None)
   length = end - start
 
   if not training:
-    ds = ds.map(lambda ex: (_eval_one(ex["image"], preprocessing),
+    ds = ds.map(lambda ex: (_eval_one(ex[_IMAGE], preprocessing),
                             tf.cast(ex[_LABEL], tf.int32)),
                 num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=False)
 
   # The example's identity for its augmentation seed: a hash of its TFDS id
   # ("<file>__<record>"), which does not depend on the read order.
-  ds = ds.map(lambda ex: (ex["image"], tf.cast(ex[_LABEL], tf.int32),
+  ds = ds.map(lambda ex: (ex[_IMAGE], tf.cast(ex[_LABEL], tf.int32),
                           tf.strings.to_hash_bucket_fast(ex["tfds_id"],
                                                          2**62)))
   ds = ds.repeat().enumerate()
@@ -667,8 +931,8 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
   """The input pipeline of dataset NAME, split SPLIT.
 
   Args:
-    name: one of `DATASETS`.
-    split: a TFDS split name, e.g. `dataset_info(name).train_split`.
+    name: `synthetic` or a TFDS image-classification dataset.
+    split: a split of the dataset, e.g. `dataset_info(name).train_split`.
     batch_size: examples per batch *per replica* (the pipeline serves the
       replicas of `input_context`).
     training: True: augmentation, shuffling, endless repetition, full batches
@@ -688,13 +952,15 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
       repeat=training is supported.
     num_examples: use only the first NUM_EXAMPLES examples of the split.
     preprocessing: a `preprocessing_config` dict to use instead of the
-      dataset's own (for example one read back from a model's config.json).
+      dataset's own at its native size (for example one read back from a
+      model's config.json, for the network's input size).
     start_step: training only: start as if START_STEP steps (global batches)
       had already been taken, yielding exactly what the uninterrupted pipeline
       yields from there (with deterministic=True). A way to resume the input
       position without an iterator checkpoint, e.g. under strategies whose
-      distributed iterators cannot be checkpointed. Free for CIFAR and
-      synthetic; ImageNet re-reads (without decoding) the skipped examples.
+      distributed iterators cannot be checkpointed. Free for in-memory
+      ("cifar") datasets; streamed ones re-read (without decoding) the
+      skipped examples.
 
   Returns:
     A `tf.data.Dataset` of (images float32 [batch_size, S, S, 3], labels
@@ -705,11 +971,6 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
     DatasetNotReadyError: a TFDS dataset is not prepared in DATA_DIR.
     ValueError: any other bad argument.
   """
-  info = dataset_info(name)
-  if split not in (info.train_split, info.eval_split):
-    raise ValueError(
-        f"unknown split {split!r} of {name}; valid: {info.train_split}, "
-        f"{info.eval_split}")
   if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
     raise ValueError(f"batch_size must be a positive integer, got "
                      f"{batch_size!r}")
@@ -728,29 +989,32 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
         f"start_step must be a non-negative integer, and 0 unless training; "
         f"got {start_step!r} with training={training}")
   start_step = int(start_step)
-  preprocessing = dict(preprocessing or preprocessing_config(name))
-  _check_preprocessing(preprocessing)
-  if preprocessing["kind"] != preprocessing_config(name)["kind"]:
-    raise ValueError(
-        f"{preprocessing['kind']} preprocessing does not fit {name}; use "
-        f"preprocessing_config({name!r}) or a variation of it")
   seed = int(seed)
 
   # Data loading runs eagerly even when called while tracing a tf.function
   # (as ParameterServerStrategy does with per-worker datasets).
   with tf.init_scope():
-    if name == "synthetic":
-      images, labels = synthetic_arrays(split)
-      stop = len(labels) if num_examples is None else min(num_examples,
-                                                          len(labels))
-      images, labels = images[:stop], labels[:stop]
-      builder = None
+    if name == SYNTHETIC:
+      info, builder = _synthetic_info(), None
+      if split not in (info.train_split, info.eval_split):
+        raise ValueError(
+            f"unknown split {split!r} of {name}; valid: {info.train_split}, "
+            f"{info.eval_split}")
     else:
       builder = _prepared_builder(name, data_dir, split)
-      size = _split_size(builder, split)
-      stop = size if num_examples is None else min(num_examples, size)
-      if preprocessing["kind"] == "cifar":
-        images, labels = _tfds_arrays(builder, split, stop)
+      info = info_from_builder(builder)
+    preprocessing = dict(preprocessing or preprocessing_config(info))
+    check_fits(preprocessing, info)
+    if builder is None:
+      size = len(synthetic_arrays(split)[1])
+    else:
+      size = builder.info.splits[split].num_examples
+    stop = size if num_examples is None else min(num_examples, size)
+    if preprocessing["kind"] == "cifar":
+      if builder is None:
+        images, labels = (a[:stop] for a in synthetic_arrays(split))
+      else:
+        images, labels = _tfds_arrays(builder, split, stop, info.image_shape)
 
   if preprocessing["kind"] == "cifar":
     ds = _in_memory_dataset(images, labels, batch_size, preprocessing,
@@ -761,7 +1025,7 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
     ds = _streaming_dataset(builder, split, batch_size, preprocessing,
                             training=training, seed=seed,
                             input_context=input_context, stop=stop,
-                            start_step=start_step)
+                            start_step=start_step, jpeg=info.jpeg)
   ds = ds.prefetch(tf.data.AUTOTUNE)
   # Evaluation always keeps its order (and its final partial batch last);
   # only training may trade order for speed.

@@ -17,6 +17,18 @@ from keras import ops
 
 PACKAGE = "identity_tf"
 INIT_SCHEMES = ("paper", "standard")
+# How a residual unit's branch is parametrised (`ConvResidualUnit`):
+#   plain     x + C2(ReLU(C1 x)), the paper's unit;
+#   skipinit  x + a C2(ReLU(C1 x)) with a trainable scalar a = 0 at init
+#             (SkipInit, De & Smith 2020; ReZero, Bachlechner et al. 2020);
+#   fixup     Fixup (Zhang, Dauphin & Ma 2019): scalar biases and a scalar
+#             multiplier in the branch, C2 = 0 and C1 He-initialised scaled
+#             by L^(-1/2) for L branches.
+RESIDUALS = ("plain", "skipinit", "fixup")
+# The scale of `RandomProjection`'s entries: N(0, 1/classes) (the norm of the
+# features is kept) or N(0, 1/d) (each logit has the variance of one
+# feature, the 2016 resnet's unit-scaling initialiser for its last layer).
+PROJECTION_SCALES = ("classes", "features")
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -85,11 +97,13 @@ class _ConvUnitBase(keras.layers.Layer):
     self.kernel_size = int(kernel_size)
     self.seed = seed
 
-  def _conv(self, strides, seed_offset, name):
-    init = self.kernel_initializer
+  def _conv(self, strides, seed_offset, name, init=None):
+    init = init or self.kernel_initializer
+    seed = None if self.seed is None else self.seed + seed_offset
     if init in INIT_SCHEMES:
-      seed = None if self.seed is None else self.seed + seed_offset
       init = ResidualInitializer(init, seed=seed)
+    elif isinstance(init, str):
+      init = keras.initializers.get(init)
     return keras.layers.Conv2D(
         self.filters, self.kernel_size, strides=strides, padding="same",
         use_bias=self.use_bias, kernel_initializer=init, name=name)
@@ -132,18 +146,80 @@ class ConvResidualUnit(_ConvUnitBase):
   k x k convolution with stride 1; S is `shortcut` (identity when the shape is
   kept). No normalisation anywhere; biases only if `use_bias`. With C2 = 0 the
   unit is exactly S: the identity parametrization of Section 4.
+
+  `residual` re-parametrises the branch with one of the normalisation-free
+  stabilisers that came after the paper (all start as exactly the identity
+  unit, as the paper's does when C2 = 0):
+
+  * "skipinit": S(x) + a C2(ReLU(C1 x)), a scalar `branch_gain` a = 0 at
+    initialisation and trained (De & Smith, 2020, Section 4; ReZero).
+  * "fixup": S(x + b1) + s C2(ReLU(C1(x + b1) + b2) + b3) + b4 with trained
+    scalars b1..b4 = 0 and s = 1 (Zhang, Dauphin & Ma, 2019, Section 3,
+    rule 3), C2 = 0 and C1 drawn from He et al.'s N(0, 2/fan_in) scaled by
+    L^(-1/(2m-2)) = L^(-1/2) for L = `num_branches` residual branches of
+    m = 2 layers (rule 2). Where the shape is kept S(x + b1) is x, as in
+    Fixup's ResNets.
   """
+
+  def __init__(self, filters, residual="plain", num_branches=None, **kwargs):
+    super().__init__(filters, **kwargs)
+    if residual not in RESIDUALS:
+      raise ValueError(f"unknown residual {residual!r}; valid: "
+                       f"{', '.join(RESIDUALS)}")
+    if residual == "fixup" and not (num_branches and num_branches >= 1):
+      raise ValueError("residual='fixup' needs num_branches >= 1, the "
+                       "number of residual branches in the network")
+    self.residual = residual
+    self.num_branches = None if num_branches is None else int(num_branches)
 
   def build(self, input_shape):
     self._check_input(input_shape)
-    self.conv1 = self._conv(self.strides, 0, "conv1")
-    self.conv2 = self._conv(1, 1, "conv2")
+    if self.residual == "fixup":
+      # Rule 2 of Fixup: He normal scaled by L^(-1/2) is variance
+      # 2 / (L fan_in); the branch's last layer starts at zero.
+      self.conv1 = self._conv(
+          self.strides, 0, "conv1", keras.initializers.VarianceScaling(
+              2.0 / self.num_branches, mode="fan_in",
+              distribution="untruncated_normal", seed=self.seed))
+      self.conv2 = self._conv(1, 1, "conv2", "zeros")
+      scalar = dict(shape=(), trainable=True)
+      self.bias1a = self.add_weight(name="bias1a", initializer="zeros",
+                                    **scalar)
+      self.bias1b = self.add_weight(name="bias1b", initializer="zeros",
+                                    **scalar)
+      self.bias2a = self.add_weight(name="bias2a", initializer="zeros",
+                                    **scalar)
+      self.scale = self.add_weight(name="scale", initializer="ones", **scalar)
+      self.bias2b = self.add_weight(name="bias2b", initializer="zeros",
+                                    **scalar)
+    else:
+      self.conv1 = self._conv(self.strides, 0, "conv1")
+      self.conv2 = self._conv(1, 1, "conv2")
+    if self.residual == "skipinit":
+      self.branch_gain = self.add_weight(
+          name="branch_gain", shape=(), initializer="zeros", trainable=True)
     self.conv1.build(input_shape)
     self.conv2.build(self.conv1.compute_output_shape(input_shape))
 
   def call(self, x):
+    if self.residual == "fixup":
+      def scalar(weight):
+        return ops.cast(weight, x.dtype)
+      shifted = x + scalar(self.bias1a)
+      hidden = ops.relu(self.conv1(shifted) + scalar(self.bias1b))
+      branch = self.conv2(hidden + scalar(self.bias2a))
+      branch = branch * scalar(self.scale) + scalar(self.bias2b)
+      changes_shape = self.strides > 1 or x.shape[-1] != self.filters
+      return shortcut(shifted if changes_shape else x, self.filters,
+                      self.strides) + branch
     branch = self.conv2(ops.relu(self.conv1(x)))
+    if self.residual == "skipinit":
+      branch = branch * ops.cast(self.branch_gain, branch.dtype)
     return shortcut(x, self.filters, self.strides) + branch
+
+  def get_config(self):
+    return {**super().get_config(), "residual": self.residual,
+            "num_branches": self.num_branches}
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -224,7 +300,9 @@ class RandomProjection(keras.layers.Layer):
   The kernel P in R^{d x units} has i.i.d. N(0, 1/units) entries drawn with
   NumPy from `seed`, so the same seed gives the same P on any machine, and
   E ||h P||^2 = ||h||^2: the projection preserves the feature norm in
-  expectation (the Johnson-Lindenstrauss scale). The paper fixes this layer
+  expectation (the Johnson-Lindenstrauss scale). `scale="features"` draws
+  N(0, 1/d) instead: every logit then has the variance of one feature, a
+  factor d/units smaller. The paper fixes this layer
   ("random projection (not trained)") so that all learning happens in the
   residual units. It is a non-trainable weight: absent from
   `trainable_weights`, untouched by `fit`, but saved in checkpoints and
@@ -232,17 +310,23 @@ class RandomProjection(keras.layers.Layer):
   trainable linear head (used by the batch-norm baseline).
   """
 
-  def __init__(self, units, seed=0, trainable=False, **kwargs):
+  def __init__(self, units, seed=0, trainable=False, scale="classes",
+               **kwargs):
     super().__init__(trainable=trainable, **kwargs)
     if units <= 0:
       raise ValueError(f"RandomProjection needs units > 0, got {units}")
+    if scale not in PROJECTION_SCALES:
+      raise ValueError(f"unknown projection scale {scale!r}; valid: "
+                       f"{', '.join(PROJECTION_SCALES)}")
     self.units = int(units)
     self.seed = int(seed)
+    self.scale = scale
 
   def build(self, input_shape):
     d = input_shape[-1]
     rng = np.random.default_rng(self.seed)
-    matrix = rng.standard_normal((d, self.units)) / math.sqrt(self.units)
+    fan = self.units if self.scale == "classes" else d
+    matrix = rng.standard_normal((d, self.units)) / math.sqrt(fan)
     self.kernel = self.add_weight(
         name="kernel", shape=(d, self.units),
         initializer=keras.initializers.Constant(matrix.astype("float32")),
@@ -255,4 +339,5 @@ class RandomProjection(keras.layers.Layer):
     return (*input_shape[:-1], self.units)
 
   def get_config(self):
-    return {**super().get_config(), "units": self.units, "seed": self.seed}
+    return {**super().get_config(), "units": self.units, "seed": self.seed,
+            "scale": self.scale}

@@ -51,8 +51,16 @@ MODELS = {
                               init="standard")),
 }
 DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
-                init="paper", seed=0, image_size=None, use_bias=False)
+                init="paper", seed=0, image_size=None, use_bias=False,
+                residual="plain", projection_scale="classes")
 HEADS = ("frozen", "trainable")
+
+
+def input_size(name):
+  """The height and width of network NAME's input images (its default)."""
+  _check(name in MODELS,
+         f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
+  return MODELS[name][0].image_size
 
 
 def _check(condition, message):
@@ -89,6 +97,16 @@ def resolve_options(name, **options):
   _check(opts["init"] in layers.INIT_SCHEMES,
          f"unknown init {opts['init']!r}; valid: "
          f"{', '.join(layers.INIT_SCHEMES)}")
+  _check(opts["residual"] in layers.RESIDUALS,
+         f"unknown residual {opts['residual']!r}; valid: "
+         f"{', '.join(layers.RESIDUALS)}")
+  _check(not (opts["norm"] and opts["residual"] != "plain"),
+         f"residual={opts['residual']!r} is a normalisation-free "
+         "parametrisation of the identity unit; it does not combine with "
+         "norm=True (the batch-norm baseline's units)")
+  _check(opts["projection_scale"] in layers.PROJECTION_SCALES,
+         f"unknown projection_scale {opts['projection_scale']!r}; valid: "
+         f"{', '.join(layers.PROJECTION_SCALES)}")
   opts["image_size"] = opts["image_size"] or arch.image_size
   _check(opts["image_size"] >= 8,
          f"image_size must be at least 8, got {opts['image_size']}")
@@ -106,8 +124,11 @@ def build_model(name, **options):
   or one int per stage), norm (bool: batch-norm pre-activation units), head
   ("frozen" random projection or "trainable"), init ("paper" or "standard",
   see `layers.ResidualInitializer`), seed (int: all initial weights and the
-  projection), image_size (int), use_bias (bool). Unset options take the
-  network's defaults. Raises ValueError naming the valid values.
+  projection), image_size (int), use_bias (bool), residual ("plain",
+  "skipinit" or "fixup": `layers.ConvResidualUnit`), projection_scale
+  ("classes" or "features": `layers.RandomProjection`). Unset options (or
+  None) take the network's defaults. Raises ValueError naming the valid
+  values.
   """
   arch, opts = resolve_options(name, **options)
   seed, init = opts["seed"], opts["init"]
@@ -120,7 +141,13 @@ def build_model(name, **options):
         padding="same", use_bias=opts["use_bias"],
         kernel_initializer=layers.ResidualInitializer(init, seed=seed * 1000 + i),
         name=f"stem{i + 1}")(x)
-  unit_class = layers.PreActivationUnit if opts["norm"] else layers.ConvResidualUnit
+  if opts["norm"]:
+    unit_class, unit_options = layers.PreActivationUnit, {}
+  else:
+    # Fixup scales its initialisation by the number of residual branches.
+    unit_class = layers.ConvResidualUnit
+    unit_options = dict(residual=opts["residual"],
+                        num_branches=sum(opts["units"]))
   unit_seed = seed * 1000 + 10
   for stage, (width, units, stride) in enumerate(
       zip(arch.widths, opts["units"], arch.strides)):
@@ -128,7 +155,7 @@ def build_model(name, **options):
       x = unit_class(
           _scaled(width, opts["width"]), strides=stride if unit == 0 else 1,
           use_bias=opts["use_bias"], kernel_initializer=init, seed=unit_seed,
-          name=f"stage{stage + 1}_unit{unit + 1}")(x)
+          name=f"stage{stage + 1}_unit{unit + 1}", **unit_options)(x)
       unit_seed += 2
   if opts["norm"]:
     x = keras.layers.BatchNormalization(name="final_bn")(x)
@@ -144,10 +171,29 @@ def build_model(name, **options):
                 if policy.compute_dtype != policy.variable_dtype else None)
   logits = layers.RandomProjection(
       opts["classes"], seed=seed, trainable=opts["head"] == "trainable",
-      dtype=head_dtype, name="projection")(x)
+      scale=opts["projection_scale"], dtype=head_dtype, name="projection")(x)
   model = keras.Model(inputs, logits, name=name)
   model.build_options = {"name": name, **opts, "units": list(opts["units"])}
   return model
+
+
+def activation_probe(model):
+  """MODEL's layers as a model returning its activations stage by stage.
+
+  The returned `keras.Model` shares MODEL's weights and maps images to a
+  dict: "stem" (the last stem convolution's output), "stage1", ... (each
+  stage's last unit's output) and "logits" (MODEL's output), in the order
+  the forward pass computes them. Training watches their sizes to see which
+  stage blows up before a loss becomes NaN.
+  """
+  outputs = {}
+  for layer in model.layers:
+    if layer.name.startswith("stem"):
+      outputs["stem"] = layer.output
+    elif layer.name.startswith("stage") and "_unit" in layer.name:
+      outputs[layer.name.split("_unit")[0]] = layer.output
+  outputs["logits"] = model.output
+  return keras.Model(model.input, outputs, name=f"{model.name}_probe")
 
 
 def describe(model):

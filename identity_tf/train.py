@@ -32,6 +32,7 @@ from tensorflow.core.util import event_pb2
 from identity_tf import configs
 from identity_tf import input_pipeline
 from identity_tf import model as model_lib
+from identity_tf import optimization
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_PREFIX = "ckpt"
@@ -42,7 +43,14 @@ PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 
 
 class NonFiniteLossError(ValueError):
-  """The training loss became NaN or infinite; the run was stopped."""
+  """The training loss became NaN or infinite; the run was stopped.
+
+  `step` is the global step at which it first happened.
+  """
+
+  def __init__(self, message, step=None):
+    super().__init__(message)
+    self.step = step
 
 
 class PreemptedError(Exception):
@@ -137,99 +145,67 @@ def create_strategy(name, tpu=None):
 # ---------------------------------------------------------------------------
 # The run's description, model and optimizer.
 
-def model_options(config):
-  """`identity_tf.build_model` options of CONFIG (classes from the dataset)."""
-  info = input_pipeline.dataset_info(config.dataset)
+def model_options(config, info):
+  """`identity_tf.build_model` options of CONFIG for dataset INFO, complete.
+
+  The classes come from the dataset; every option the configuration leaves
+  None takes the model's default, and the result names them all, so that
+  config.json rebuilds the same network even if defaults change.
+  """
   units = config.units
   if units is not None:  # --units=2 means 2 in every stage.
     units = units[0] if len(units) == 1 else list(units)
-  return dict(classes=info.num_classes, width=config.width, units=units,
-              norm=config.norm, head=config.head, init=config.init,
-              seed=config.seed, image_size=info.image_size,
-              use_bias=config.use_bias)
+  _, options = model_lib.resolve_options(
+      config.model, classes=info.num_classes, width=config.width,
+      units=units, norm=config.norm, head=config.head, init=config.init,
+      seed=config.seed, image_size=model_lib.input_size(config.model),
+      use_bias=config.use_bias, residual=config.residual,
+      projection_scale=config.projection_scale)
+  return {**options, "units": list(options["units"])}
 
 
-def describe_run(config, **extra):
-  """config.json's content: CONFIG and what rebuilding the model needs."""
-  info = input_pipeline.dataset_info(config.dataset)
+def preprocessing(config, info):
+  """The input preprocessing of CONFIG's network for dataset INFO."""
+  return input_pipeline.preprocessing_config(
+      info, model_lib.input_size(config.model), flip=config.flip)
+
+
+def describe_run(config, info, **extra):
+  """config.json's content: CONFIG and what rebuilding the model needs.
+
+  INFO is the dataset's `input_pipeline.DatasetInfo` (classes and their
+  names, image shape, splits and sizes), recorded so that evaluation and
+  export need nothing but the run directory.
+  """
   return {
       "config": configs.to_dict(config),
-      "model": {"name": config.model, "options": model_options(config)},
-      "dataset": {"name": info.name, "num_classes": info.num_classes,
-                  "image_size": info.image_size,
-                  "train_split": info.train_split,
-                  "eval_split": info.eval_split},
-      "preprocessing": input_pipeline.preprocessing_config(config.dataset),
-      "steps_per_epoch": steps_per_epoch(config),
+      "model": {"name": config.model, "options": model_options(config, info)},
+      "dataset": info.to_dict(),
+      "preprocessing": preprocessing(config, info),
+      "steps_per_epoch": steps_per_epoch(config, info),
       **extra,
   }
 
 
-def build_model(config):
-  return model_lib.build_model(config.model, **model_options(config))
+def build_model(config, info):
+  return model_lib.build_model(config.model, **model_options(config, info))
 
 
-def steps_per_epoch(config):
-  examples = (config.num_train_examples or
-              input_pipeline.dataset_info(config.dataset).num_train_examples)
-  return examples / config.batch_size
+def steps_per_epoch(config, info):
+  """Steps per pass over the training examples; None if their count is not
+  known (a dataset that is not prepared)."""
+  examples = config.num_train_examples or info.num_train_examples
+  return examples / config.batch_size if examples else None
 
 
-def learning_rate_schedule(config):
-  """The learning rate as a function of the step (Keras schedule or float).
-
-  piecewise: learning_rate, multiplied by lr_decay_factor at each of
-    lr_boundaries (Section 4.1: 0.05, /10 at 30k and 50k steps).
-  exponential: learning_rate * lr_decay_factor ** floor(step / (lr_decay_epochs
-    epochs)) (Section 4.2: 0.1 * 0.94 every 2 epochs).
-  constant: learning_rate.
-  """
-  rate = config.learning_rate
-  if config.lr_schedule == "piecewise" and config.lr_boundaries:
-    values = [rate * config.lr_decay_factor ** i
-              for i in range(len(config.lr_boundaries) + 1)]
-    return keras.optimizers.schedules.PiecewiseConstantDecay(
-        list(config.lr_boundaries), values)
-  if config.lr_schedule == "exponential":
-    return keras.optimizers.schedules.ExponentialDecay(
-        rate, decay_steps=max(1, round(config.lr_decay_epochs *
-                                       steps_per_epoch(config))),
-        decay_rate=config.lr_decay_factor, staircase=True)
-  return rate
-
-
-def build_optimizer(config):
-  """SGD with momentum; weight decay is not the optimizer's: `l2_penalty`."""
-  return keras.optimizers.SGD(learning_rate=learning_rate_schedule(config),
-                              momentum=config.momentum)
-
-
-def convolution_kernels(model):
-  """The trainable convolution kernels (rank 4), which weight decay decays."""
-  return [w for w in model.trainable_weights if len(w.shape) == 4]
-
-
-def l2_penalty(model, weight_decay):
-  """weight_decay * sum over convolution kernels W of ||W||_F^2 / 2.
-
-  Weight decay as an L2 term added to the loss, as the 2016 tensorflow/models
-  resnet (which the paper's code derives from) does with tf.nn.l2_loss: its
-  gradient weight_decay * W goes through the momentum like the data gradient.
-  Only convolution kernels are decayed (Section 4.1: "All convolutional
-  weights are trained with weight decay"); biases, if any, are not, and the
-  frozen projection is not trained at all. We do not use the optimizer's
-  decoupled `weight_decay` (AdamW-style w -= lr * wd * w outside the
-  momentum): with momentum 0.9 it is a different, roughly 10x weaker,
-  regulariser than the paper's.
-  """
-  kernels = convolution_kernels(model)
-  if not weight_decay or not kernels:
-    return tf.constant(0.0)
-  return weight_decay * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
+def build_optimizer(config, info):
+  return optimization.build_optimizer(config, steps_per_epoch(config, info))
 
 
 def residual_branch_norms(model):
   """{stage number: max over the stage's units of ||C2||_2}.
+
+  (Times the branch's scalar multiplier under SkipInit and Fixup.)
 
   For residual unit x -> x + C2(ReLU(C1 x)) we take C2's kernel [k, k, c, c]
   reshaped to a (k k c) x c matrix and its spectral norm (largest singular
@@ -250,6 +226,10 @@ def residual_branch_norms(model):
     kernel = tf.convert_to_tensor(layer.conv2.kernel)
     matrix = tf.reshape(kernel, [-1, kernel.shape[-1]])
     norm = float(tf.linalg.svd(matrix, compute_uv=False)[0])
+    # SkipInit's and Fixup's scalar multipliers are part of the branch's C2.
+    for gain in ("branch_gain", "scale"):
+      if hasattr(layer, gain):
+        norm *= abs(float(keras.ops.convert_to_numpy(getattr(layer, gain))))
     stages[stage] = max(stages.get(stage, 0.0), norm)
   return stages
 
@@ -371,14 +351,18 @@ def restore_model(model_dir, checkpoint=None):
 # ---------------------------------------------------------------------------
 # Evaluation.
 
-def evaluate(model, dataset, *, data_dir=None, batch_size=500,
-             num_examples=None, preprocessing=None):
-  """Loss and accuracy of MODEL on DATASET's evaluation split, one pass.
+def make_evaluator(model, dataset, *, data_dir=None, batch_size=500,
+                   num_examples=None, preprocessing=None, info=None):
+  """A function () -> `evaluate`'s result for MODEL's current weights.
 
-  Returns {"loss": mean cross-entropy (no weight decay), "top1", "top5":
-  fractions, "examples": count}. Runs on one device.
+  The evaluation pipeline is built once (for an in-memory dataset: read
+  once), so a training run can evaluate every few steps cheaply. INFO is
+  DATASET's `input_pipeline.DatasetInfo` if the caller has it.
   """
-  info = input_pipeline.dataset_info(dataset)
+  info = info or input_pipeline.dataset_info(dataset, data_dir)
+  if info.eval_split is None:
+    raise ValueError(f"{dataset} has neither a 'validation' nor a 'test' "
+                     "split to evaluate on")
   ds = input_pipeline.build_dataset(
       dataset, info.eval_split, batch_size, training=False, data_dir=data_dir,
       num_examples=num_examples, preprocessing=preprocessing)
@@ -396,14 +380,26 @@ def evaluate(model, dataset, *, data_dir=None, batch_size=500,
                      tf.reduce_sum(tf.cast(top5, tf.float32)),
                      tf.cast(tf.size(labels), tf.float32)])
 
-  sums = np.zeros(4, np.float64)
-  for images, labels in ds:
-    sums += batch_sums(images, labels).numpy()
-  count = int(sums[3])
-  if count == 0:
-    raise ValueError(f"the {info.eval_split} split of {dataset} is empty")
-  return {"loss": sums[0] / count, "top1": sums[1] / count,
-          "top5": sums[2] / count, "examples": count}
+  def run():
+    sums = np.zeros(4, np.float64)
+    for images, labels in ds:
+      sums += batch_sums(images, labels).numpy()
+    count = int(sums[3])
+    if count == 0:
+      raise ValueError(f"the {info.eval_split} split of {dataset} is empty")
+    return {"loss": sums[0] / count, "top1": sums[1] / count,
+            "top5": sums[2] / count, "examples": count}
+  return run
+
+
+def evaluate(model, dataset, **options):
+  """Loss and accuracy of MODEL on DATASET's evaluation split, one pass.
+
+  Returns {"loss": mean cross-entropy (no weight decay), "top1", "top5":
+  fractions, "examples": count}. Runs on one device. OPTIONS are
+  `make_evaluator`'s.
+  """
+  return make_evaluator(model, dataset, **options)()
 
 
 def write_eval_summaries(model_dir, step, metrics):
@@ -441,14 +437,14 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _input_fn(config, data_dir, seed, start_step=0):
+def _input_fn(config, info, data_dir, seed, start_step=0):
   """The training dataset_fn, starting START_STEP global steps in.
 
   The pipeline's stream is a deterministic function of (seed, position), so
   starting it at a step replays exactly what an uninterrupted run reads
-  from there on (free for CIFAR and synthetic).
+  from there on (free for in-memory datasets).
   """
-  info = input_pipeline.dataset_info(config.dataset)
+  prep = preprocessing(config, info)
 
   def dataset_fn(input_context):
     batch = input_context.get_per_replica_batch_size(config.batch_size)
@@ -456,27 +452,50 @@ def _input_fn(config, data_dir, seed, start_step=0):
         config.dataset, info.train_split, batch, training=True,
         data_dir=data_dir, seed=seed, deterministic=config.deterministic,
         input_context=input_context, num_examples=config.num_train_examples,
-        start_step=start_step)
+        preprocessing=prep, start_step=start_step)
   return dataset_fn
 
 
+def watched_activations(model):
+  """Names of the activations a training step watches, in forward order."""
+  return list(model_lib.activation_probe(model).output.keys())
+
+
 def make_train_step(strategy, model, optimizer, config):
-  """The training step of `train`: a tf.function (iterator, num_steps) -> sums.
+  """The training step of `train`: a tf.function (iterator, num_steps) -> dict.
 
   Each of NUM_STEPS steps takes next(ITERATOR) (a distributed iterator of
   STRATEGY's per-replica (images, labels) batches) and, on every replica,
   applies OPTIMIZER to MODEL's gradient of the cross-entropy averaged over
-  the global batch (config.batch_size) plus `l2_penalty(model,
-  config.weight_decay)`. Returns the sums over the steps and replicas of
-  [per-example loss, correct top-1 predictions, examples]. `train` runs this
-  function (scheduled through a ClusterCoordinator under parameter_server);
-  bin/benchmark times it.
+  the global batch (config.batch_size) plus `optimization.l2_penalty`,
+  clipped as config.grad_clip_norm and config.agc_clip say
+  (`optimization.clip_factors`, computed from the global batch's gradient).
+
+  Returns a dict of tensors over the NUM_STEPS steps:
+    "sums": the sums over steps and replicas of [per-example loss, correct
+      top-1 predictions, examples];
+    "peaks": the largest per-step value of [global gradient norm (before
+      clipping), largest ||update|| / ||weight|| over the weights, then the
+      RMS of each activation of `watched_activations`] (NaN if any was);
+    "first_nonfinite": [global step, index] of the first step at which one
+      of them was NaN or infinite -- index i < len(watched) is the first
+      such activation in forward order, len(watched) the gradient -- or
+      [-1, -1].
+  `train` runs this function (scheduled through a ClusterCoordinator under
+  parameter_server); bin/benchmark times it.
   """
   global_batch = config.batch_size
+  probe = model_lib.activation_probe(model)
+  names = list(probe.output.keys())
+  variables = model.trainable_variables
+  # With several replicas in sync each one holds a part of the gradient; the
+  # clipping factors and the reported norm are those of the whole.
+  replicas = strategy.num_replicas_in_sync
 
   def replica_step(images, labels):
     with tf.GradientTape() as tape:
-      logits = model(images, training=True)
+      activations = probe(images, training=True)
+      logits = activations["logits"]
       per_example = keras.losses.sparse_categorical_crossentropy(
           labels, logits, from_logits=True)
       # Mean over the global batch: the optimizer sums the replicas'
@@ -484,22 +503,53 @@ def make_train_step(strategy, model, optimizer, config):
       loss = tf.nn.compute_average_loss(per_example,
                                         global_batch_size=global_batch)
       total = loss + tf.nn.scale_regularization_loss(
-          l2_penalty(model, config.weight_decay))
-    gradients = tape.gradient(total, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+          optimization.l2_penalty(model, config.weight_decay))
+    gradients = tape.gradient(total, variables)
+    whole = gradients
+    if replicas > 1:
+      whole = tf.distribute.get_replica_context().all_reduce(
+          tf.distribute.ReduceOp.SUM, gradients)
+    factors, grad_norm = optimization.clip_factors(
+        whole, variables, config.grad_clip_norm, config.agc_clip)
+    gradients = [g if f is None else g * f
+                 for g, f in zip(gradients, factors)]
+    before = [tf.identity(v) for v in variables]
+    optimizer.apply_gradients(zip(gradients, variables))
+    # Weights that are exactly zero (Fixup's C2, SkipInit's gain at the
+    # start) have no ratio; they count as 0.
+    update_ratio = tf.reduce_max(tf.stack([
+        tf.math.divide_no_nan(tf.norm(v - b), tf.norm(b))
+        for v, b in zip(variables, before)]))
+    rms = [tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
+                                                    tf.float32))))
+           for name in names]
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                labels), tf.float32)
-    return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
+    sums = tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
                      tf.cast(tf.size(labels), tf.float32)])
+    return sums, tf.stack([grad_norm, update_ratio, *rms])
 
   @tf.function
   def train_steps(iterator, num_steps):
     sums = tf.zeros([3])
+    peaks = tf.fill([2 + len(names)], -np.inf)
+    first = tf.constant([-1, -1], tf.int64)
     for _ in tf.range(num_steps):
-      per_replica = strategy.run(replica_step, args=next(iterator))
-      sums += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
+      step = tf.cast(optimizer.iterations, tf.int64) + 1
+      step_sums, step_values = strategy.run(replica_step, args=next(iterator))
+      sums += strategy.reduce(tf.distribute.ReduceOp.SUM, step_sums,
                               axis=None)
-    return sums
+      values = strategy.reduce(tf.distribute.ReduceOp.MEAN, step_values,
+                               axis=None)
+      peaks = tf.maximum(peaks, values)  # NaN stays NaN.
+      # Forward order: the activations, then the gradient.
+      bad = tf.logical_not(tf.math.is_finite(
+          tf.concat([values[2:], values[:1]], axis=0)))
+      first = tf.where(
+          tf.logical_and(first[0] < 0, tf.reduce_any(bad)),
+          tf.stack([step, tf.argmax(tf.cast(bad, tf.int64),
+                                    output_type=tf.int64)]), first)
+    return {"sums": sums, "peaks": peaks, "first_nonfinite": first}
   return train_steps
 
 
@@ -519,6 +569,13 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       own): input_context -> tf.data.Dataset of per-replica (images, labels)
       batches, repeated forever; it must be deterministic in its position
       for exact resumes under several replicas.
+
+  Progress: every config.log_steps steps ECHO receives one JSON object:
+  step, loss and top-1 over the last steps, learning rate, images/s, and
+  what shows a divergence coming -- the largest global gradient norm, the
+  largest update/weight ratio and the largest RMS of each stage's
+  activations over those steps (`make_train_step`); every config.eval_steps
+  steps one with the evaluation. The same values go to TensorBoard.
 
   Returns:
     {"step", "train_loss", "train_top1" (last logged window), "eval": the
@@ -546,9 +603,14 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
                      f"of the {replicas} replicas of --strategy="
                      f"{config.strategy}")
   chief = is_chief()
+  # A dataset that is not prepared stops the run here, before anything is
+  # written to model_dir.
+  info = (input_pipeline.dataset_info(config.dataset, data_dir)
+          if dataset_fn else input_pipeline.prepared_info(config.dataset,
+                                                          data_dir))
   if chief:
     check_resumable(model_dir, config)
-    write_run(model_dir, describe_run(config))
+    write_run(model_dir, describe_run(config, info))
   # Every worker writes checkpoints (MultiWorkerMirroredStrategy wants all of
   # them to save), but only the chief's go to model_dir.
   task_type, task_id = cluster_task()
@@ -556,8 +618,8 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       model_dir, f".{task_type}{task_id}_tmp")
 
   with strategy.scope():
-    model = build_model(config)
-    optimizer = build_optimizer(config)
+    model = build_model(config, info)
+    optimizer = build_optimizer(config, info)
     optimizer.build(model.trainable_variables)
   step_counter = optimizer.iterations  # The global step.
   global_batch = config.batch_size
@@ -571,7 +633,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   latest = tf.train.latest_checkpoint(model_dir)
   restored_step = checkpoint_step(latest) if latest else 0
   custom_input = dataset_fn is not None
-  dataset_fn = dataset_fn or _input_fn(config, data_dir, config.seed)
+  dataset_fn = dataset_fn or _input_fn(config, info, data_dir, config.seed)
 
   def make_iterator(skip_steps):
     if coordinator is not None:
@@ -579,12 +641,13 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       # a fresh stream (seeded by the step) instead.
       fn = dataset_fn
       if skip_steps and not custom_input:
-        fn = _input_fn(config, data_dir, config.seed + skip_steps)
+        fn = _input_fn(config, info, data_dir, config.seed + skip_steps)
       return iter(coordinator.create_per_worker_dataset(
           lambda: strategy.distribute_datasets_from_function(fn)))
     fn = dataset_fn
     if skip_steps and not custom_input:
-      fn = _input_fn(config, data_dir, config.seed, start_step=skip_steps)
+      fn = _input_fn(config, info, data_dir, config.seed,
+                     start_step=skip_steps)
     return iter(strategy.distribute_datasets_from_function(fn))
 
   def make_checkpoint(iterator):
@@ -617,11 +680,13 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       checkpoint_name=CHECKPOINT_PREFIX)
 
   train_steps = make_train_step(strategy, model, optimizer, config)
+  watched = watched_activations(model)
 
   def run_steps(num_steps):
-    """Runs NUM_STEPS steps; returns (loss sum, correct, examples)."""
+    """Runs NUM_STEPS steps; returns `make_train_step`'s dict as NumPy."""
     if coordinator is None:
-      return train_steps(iterator, tf.constant(num_steps)).numpy()
+      return {k: v.numpy() for k, v in
+              train_steps(iterator, tf.constant(num_steps)).items()}
     # Asynchronous: closures of at most steps_per_loop steps on whichever
     # worker is free; each step updates the parameter servers on its own.
     results = []
@@ -632,60 +697,96 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
           train_steps, args=(iterator, tf.constant(n))))
       remaining -= n
     coordinator.join()
-    return np.sum([r.fetch() for r in results], axis=0)
+    fetched = [r.fetch() for r in results]
+    bad = [f["first_nonfinite"] for f in fetched
+           if f["first_nonfinite"][0] >= 0]
+    return {"sums": np.sum([f["sums"] for f in fetched], axis=0),
+            "peaks": np.max([f["peaks"] for f in fetched], axis=0),
+            "first_nonfinite": min(bad, key=lambda b: b[0]) if bad
+                               else np.array([-1, -1])}
 
   writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train"))
             if chief else tf.summary.create_noop_writer())
+  evaluator = None
+
+  def run_evaluation(step):
+    nonlocal evaluator
+    if evaluator is None:
+      evaluator = make_evaluator(
+          model, config.dataset, data_dir=data_dir,
+          batch_size=config.eval_batch_size,
+          num_examples=config.num_eval_examples,
+          preprocessing=preprocessing(config, info), info=info)
+    metrics = evaluator()
+    write_eval_summaries(model_dir, step, metrics)
+    return metrics
 
   def save(step):
     if not _all_finite(model.trainable_weights):
       raise NonFiniteLossError(
           f"the weights became NaN or infinite by step {step}; "
-          f"{_last_good(manager)}")
+          f"{_last_good(manager)}", step=step)
     path = manager.save(checkpoint_number=step)
     return path
 
   step = int(step_counter.numpy())
   window = np.zeros(3)
+  peaks = np.full(2 + len(watched), -np.inf)
+  last_peaks = None  # Those of the last progress line: what preceded a NaN.
   window_start = time.time()
   last = {"train_loss": None, "train_top1": None}
+  result = {"step": step, **last, "eval": None, "model_dir": model_dir}
   echo(f"training {config.model} on {config.dataset} for "
        f"{config.train_steps} steps, global batch {global_batch}, "
        f"{replicas} replica(s) ({config.strategy}); model_dir {model_dir}")
   with _Preemption() as preemption:
     while step < config.train_steps:
-      next_stop = min(config.train_steps,
-                      step + config.steps_per_loop,
-                      (step // config.log_steps + 1) * config.log_steps,
-                      (step // config.checkpoint_steps + 1) *
-                      config.checkpoint_steps)
-      sums = run_steps(next_stop - step)
+      boundaries = [config.log_steps, config.checkpoint_steps]
+      if config.eval_steps:
+        boundaries.append(config.eval_steps)
+      next_stop = min([config.train_steps, step + config.steps_per_loop] +
+                      [(step // b + 1) * b for b in boundaries])
+      out = run_steps(next_stop - step)
       step = int(step_counter.numpy())
-      if not math.isfinite(sums[0]):
-        raise NonFiniteLossError(
-            f"the training loss became {sums[0]} by step {step}; "
-            f"{_last_good(manager)}; lower --learning_rate")
-      window += sums
+      if out["first_nonfinite"][0] >= 0 or not math.isfinite(out["sums"][0]):
+        first = int(out["first_nonfinite"][0])
+        raise NonFiniteLossError(_nonfinite_message(
+            out, step, watched, last_peaks, _last_good(manager)),
+                                 step=first if first >= 0 else step)
+      window += out["sums"]
+      peaks = np.maximum(peaks, out["peaks"])
       if step % config.log_steps == 0 or step >= config.train_steps:
         elapsed = time.time() - window_start
         loss, top1 = window[0] / window[2], window[1] / window[2]
         rate = window[2] / max(elapsed, 1e-9)
         lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-        norms = residual_branch_norms(model)
-        echo(f"step {step}/{config.train_steps}  loss {loss:.4f}  top-1 "
-             f"{top1:.4f}  lr {lr:.4g}  {rate:.1f} images/s")
+        last_peaks = dict(zip(["grad_norm", "update_ratio"], peaks[:2]))
+        activation_rms = dict(zip(watched, peaks[2:]))
+        echo(json.dumps({
+            "step": step, "train_steps": config.train_steps,
+            "loss": _round(loss), "top1": _round(top1), "lr": _round(lr),
+            "images_per_second": round(rate, 1),
+            "grad_norm": _round(peaks[0]), "update_ratio": _round(peaks[1]),
+            "activation_rms": {k: _round(v)
+                               for k, v in activation_rms.items()}}))
+        last_peaks["activation_rms"] = activation_rms
         with writer.as_default():
           write_scalar("loss", loss, step)
           write_scalar("top1", top1, step)
           write_scalar("learning_rate", lr, step)
           write_scalar("images_per_second", rate, step)
-          write_scalar("weight_decay_loss",
-                       float(l2_penalty(model, config.weight_decay)), step)
-          for stage, norm in sorted(norms.items()):
+          write_scalar("weight_decay_loss", float(
+              optimization.l2_penalty(model, config.weight_decay)), step)
+          write_scalar("grad_norm", peaks[0], step)
+          write_scalar("update_ratio", peaks[1], step)
+          for name, value in activation_rms.items():
+            write_scalar(f"activation_rms/{name}", value, step)
+          for stage, norm in sorted(residual_branch_norms(model).items()):
             write_scalar(f"residual_branch_norm/stage{stage}", norm, step)
         writer.flush()
         last = {"train_loss": float(loss), "train_top1": float(top1)}
         window, window_start = np.zeros(3), time.time()
+        peaks = np.full(2 + len(watched), -np.inf)
       if preemption.requested:
         path = save(step)
         raise PreemptedError(
@@ -694,16 +795,49 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       if step % config.checkpoint_steps == 0 or step >= config.train_steps:
         path = save(step)
         echo(f"saved checkpoint {path}")
+      if chief and config.eval_steps and (
+          step % config.eval_steps == 0 or step >= config.train_steps):
+        result["eval"] = run_evaluation(step)
+        echo(json.dumps({"step": step, "eval": {
+            k: v if isinstance(v, int) else _round(v)
+            for k, v in result["eval"].items()}}))
+        window_start = time.time()  # Images/s counts training only.
   if not chief:
     tf.io.gfile.rmtree(checkpoint_dir)
-  result = {"step": step, **last, "eval": None, "model_dir": model_dir}
-  if config.eval_at_end and chief:
-    result["eval"] = evaluate(
-        model, config.dataset, data_dir=data_dir,
-        batch_size=config.eval_batch_size,
-        num_examples=config.num_eval_examples)
-    write_eval_summaries(model_dir, step, result["eval"])
+  result.update(step=step, **last)
+  evaluated = config.eval_steps and result["eval"] is not None
+  if config.eval_at_end and chief and not evaluated:
+    result["eval"] = run_evaluation(step)
   return result
+
+
+def _round(value, digits=4):
+  """VALUE with DIGITS significant digits, for progress lines (NaN kept)."""
+  value = float(value)
+  if not math.isfinite(value) or value == 0:
+    return value
+  return float(f"{value:.{digits}g}")
+
+
+def _nonfinite_message(out, step, watched, last_peaks, last_good):
+  """The one line that stops a diverged run: where and when, and what to do."""
+  first_step, index = (int(v) for v in out["first_nonfinite"])
+  if first_step < 0:  # Finite activations and gradients, infinite loss.
+    where, first_step = "the loss", step
+  elif index < len(watched):
+    where = f"the activations of {watched[index]}"
+  else:
+    where = "the gradient"
+  before = ""
+  if last_peaks:
+    rms = ", ".join(f"{k} {v:.3g}"
+                    for k, v in last_peaks["activation_rms"].items())
+    before = (f"; before it: gradient norm up to "
+              f"{last_peaks['grad_norm']:.3g}, activation RMS {rms}")
+  return (f"the training loss became {out['sums'][0]} at step {first_step}: "
+          f"{where} became NaN or infinite first{before}; {last_good}; lower "
+          f"--learning_rate or add a stabiliser (e.g. --grad_clip_norm=1; "
+          f"docs/training.md)")
 
 
 def _last_good(manager):

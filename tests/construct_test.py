@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from identity_tf import construction
+from identity_tf import input_pipeline
 from identity_tf import layers
 import testing
 
@@ -223,11 +224,13 @@ class ConstructionTest(absltest.TestCase):
       ratios.append(construction.parameter_ratio(result.weights, n, 2))
     self.assertLess(ratios[1], 1.5 * ratios[0])
 
-  def test_tfds_images_with_mock_data(self):
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    with tfds.testing.mock_data(num_examples=40):
-      x, y, classes = construction.load_tfds("mnist", 30)
-    self.assertEqual(x.shape, (30, 28 * 28))
+  def test_images_of_a_dataset(self):
+    # The input pipeline's loader (tests/any_dataset_test.py runs the binary
+    # on a TFDS dataset prepared from files).
+    x, y, classes = construction.load_tfds("synthetic", 30)
+    images, labels = input_pipeline.synthetic_arrays("train")
+    np.testing.assert_array_equal(x, images[:30].reshape(30, -1))
+    np.testing.assert_array_equal(y, labels[:30])
     self.assertEqual(classes, 10)
     self.assert_fits(x, y, num_classes=classes)
 
@@ -282,8 +285,10 @@ class BinaryTest(absltest.TestCase):
         "conflict": (np.concatenate([x, x[[2]]]), [0, 1, 0, 1, 0, 1, 1],
                      r"inputs 2 and 6 are identical but labelled 0 and 1"),
         "label": (x, [0, 1, 0, 1, -2, 1], r"y\[4\] = -2 is outside"),
-        "tfds": (None, None, r"not prepared in --data_dir=.*//bin:prepare_data -- "
-                 r"--dataset=mnist --data_dir=DIR"),
+        # The input pipeline's message: one for every binary.
+        "tfds": (None, None, r"^error: dataset mnist is not prepared in "
+                 r"--data_dir=(\S+) .*//bin:prepare_data -- --dataset=mnist "
+                 r"--data_dir=\1'"),
     }
     with tempfile.TemporaryDirectory() as tmp:
       empty_dir = os.path.join(tmp, "no_datasets")

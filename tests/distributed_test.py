@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import input_pipeline
 from identity_tf import train
 import testing
 
@@ -171,7 +172,7 @@ class DistributedTest(absltest.TestCase):
     output = self._wait(coordinator)
     for server in servers:  # Servers serve until killed.
       self.assertIsNone(server.poll())
-    self.assertIn("step 20/20", output)
+    self.assertIn('{"step": 20, "train_steps": 20,', output)
     self.assertEqual(train.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), 20)
     model, _, step = train.restore_model(model_dir)
@@ -182,8 +183,9 @@ class DistributedTest(absltest.TestCase):
 def _weights_at_init():
   """The tiny network's initial weights, named as in the checkpoints."""
   config = configs.resolve("smoke", width=0.0625, units="1")
-  model = train.build_model(config)
-  optimizer = train.build_optimizer(config)
+  info = input_pipeline.dataset_info("synthetic")
+  model = train.build_model(config, info)
+  optimizer = train.build_optimizer(config, info)
   optimizer.build(model.trainable_variables)
   root = os.path.join(absltest.get_default_test_tmpdir(), "init")
   path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(root)

@@ -343,7 +343,10 @@ class ExportTest(absltest.TestCase):
     self.assertEqual(info["step"], 40)
     self.assertEqual(info["preset"], "smoke")
     self.assertEqual(info["dataset"], "synthetic")
-    self.assertEqual(info["classes"], {"count": 10, "names": None})
+    # The names of the training run's dataset, as config.json recorded them.
+    self.assertEqual(info["classes"], {
+        "count": 10,
+        "names": list(input_pipeline.dataset_info("synthetic").class_names)})
     self.assertEqual(info["input"]["image_size"], 32)
     self.assertEqual(info["model"]["name"], "cifar10")
     self.assertEqual(info["preprocessing"],
@@ -413,28 +416,30 @@ class ExportTest(absltest.TestCase):
                                atol=PROBABILITY_TOLERANCE)
     self.assertEqual(from_files["classes"].dtype, tf.int64)
 
-  def test_model_info_names_cifar_and_imagenet_classes(self):
+  def test_model_info_names_the_datasets_classes(self):
+    # The names training recorded from the dataset (TFDS's ClassLabel).
     for dataset, model_name, count in (("cifar10", "cifar10", 10),
-                                       ("cifar100", "cifar100", 100)):
+                                       ("cifar100", "cifar100", 100),
+                                       ("synthetic", "cifar10", 10)):
+      dataset_info = input_pipeline.dataset_info(dataset)
       description = train.describe_run(configs.resolve(
-          "smoke", model=model_name, dataset=dataset))
+          "smoke", model=model_name, dataset=dataset), dataset_info)
       info = export.model_info(description, 7, version=3)
       self.assertEqual(info["classes"]["count"], count)
-      names = info["classes"]["names"]
-      self.assertLen(set(names), count)
+      self.assertEqual(info["classes"]["names"],
+                       list(dataset_info.class_names))
+      self.assertLen(set(info["classes"]["names"]), count)
       self.assertEqual(info["preset"], "smoke")
       self.assertEqual(info["step"], 7)
-    self.assertEqual(export.CIFAR10_LABELS[3], "cat")
-    self.assertEqual(export.CIFAR100_LABELS[:2], ("apple", "aquarium_fish"))
-    self.assertEqual(export.CIFAR100_LABELS[-1], "worm")
-    self.assertEqual(list(export.CIFAR100_LABELS),
-                     sorted(export.CIFAR100_LABELS))
-    imagenet = export.class_names("imagenet2012")
+    imagenet = train.describe_run(
+        configs.resolve("smoke", model="imagenet", dataset="imagenet2012"),
+        input_pipeline.dataset_info("imagenet2012"))["dataset"]["class_names"]
     self.assertLen(set(imagenet), 1000)
     self.assertTrue(all(re.fullmatch(r"n\d{8}", n) for n in imagenet))
     # A description whose dataset does not match the model is refused.
     description = train.describe_run(configs.resolve(
-        "smoke", model="cifar100", dataset="cifar100"))
+        "smoke", model="cifar100", dataset="cifar100"),
+                                     input_pipeline.dataset_info("cifar100"))
     with self.assertRaisesRegex(ValueError, "10 classes but cifar100 has 100"):
       export.export_model(self.model, description, 1,
                           self.create_tempdir().full_path)
@@ -443,7 +448,8 @@ class ExportTest(absltest.TestCase):
     model = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
     description = train.describe_run(configs.resolve(
         "smoke", model="imagenet", dataset="imagenet2012", width=1 / 16,
-        units=(1, 1, 1, 1), seed=3))
+        units=(1, 1, 1, 1), seed=3), input_pipeline.dataset_info(
+            "imagenet2012"))
     base = self.create_tempdir().full_path
     version, path = export.export_model(model, description, 5, base)
     self.assertEqual(version, 1)
@@ -623,7 +629,9 @@ class ExportTest(absltest.TestCase):
     self.assertTrue(lines[1].startswith(f"{batch}[0]: "))
     self.assertTrue(lines[2].startswith(f"{batch}[1]: "))
     for line, i in zip(lines, (0, 0, 1)):
-      ranked = re.findall(r"(\d+) (\d\.\d{4})", line.split(": ", 1)[1])
+      # "label (name) probability", the name from model_info.json if given.
+      ranked = re.findall(r"(\d+)(?: \([^)]*\))? (\d\.\d{4})",
+                          line.split(": ", 1)[1])
       self.assertLen(ranked, 3)
       self.assertEqual(int(ranked[0][0]), self.keras_classes[i])
       self.assertAlmostEqual(float(ranked[0][1]),

@@ -25,6 +25,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from identity_tf import input_pipeline as ip
+import testing
 
 # TFDS 4.9.10's download_and_prepare needs the `importlib_resources` backport,
 # which pip does not install on Python >= 3.9; the standard library's
@@ -33,6 +34,17 @@ sys.modules.setdefault("importlib_resources", importlib.resources)
 
 CIFAR_PREFIXES = {"cifar10": "cifar-10-batches-bin",
                   "cifar100": "cifar-100-binary"}
+FASHION_COUNTS = {"train": 24, "test": 12}
+
+
+def _numpy_standardized(images):
+  """Per-image standardisation written out: (x - mean) / max(std, 1/sqrt(N))."""
+  images = images.astype(np.float64)
+  axes = tuple(range(1, images.ndim))
+  count = np.prod(images.shape[1:])
+  mean = images.mean(axis=axes, keepdims=True)
+  std = np.maximum(images.std(axis=axes, keepdims=True), 1 / np.sqrt(count))
+  return (images - mean) / std
 IMAGENET_TRAIN_SYNSETS = ("n01440764", "n01443537")  # Labels 0 and 1.
 
 
@@ -103,6 +115,12 @@ def _write_imagenet_archives(manual_dir, rng):
       _add_to_tar(val, f"ILSVRC2012_val_{k:08d}.JPEG", _jpeg(rng, 50, 30 + k))
 
 
+def _config(name):
+  """The preprocessing of dataset NAME at its native size (224 for ImageNet);
+  the features TFDS knows without the data are all it needs."""
+  return ip.preprocessing_config(ip.dataset_info(name))
+
+
 def _batches(ds, count=None):
   """The first COUNT (all if None) batches of DS as NumPy (images, labels)."""
   if count is not None:
@@ -140,6 +158,14 @@ class InputPipelineTest(tf.test.TestCase):
     tfds.builder("imagenet2012", data_dir=cls.data_dir).download_and_prepare(
         download_config=tfds.download.DownloadConfig(
             manual_dir=manual_dir, try_download_gcs=False))
+    # Fashion-MNIST the way bin/prepare_data prepares it offline: TFDS's own
+    # builder, its files from a local directory.
+    cls.fashion_raw = os.path.join(cls.root, "fashion_raw")
+    cls.raw["fashion_mnist"] = testing.write_fashion_mnist_files(
+        cls.fashion_raw, rng, FASHION_COUNTS)
+    with testing.fewer_mnist_examples(FASHION_COUNTS):
+      ip.prepare("fashion_mnist", cls.data_dir, source_dir=cls.fashion_raw,
+                 echo=lambda line: None)
 
   @classmethod
   def tearDownClass(cls):
@@ -148,27 +174,74 @@ class InputPipelineTest(tf.test.TestCase):
 
   # --- contract -----------------------------------------------------------
 
-  def test_dataset_info_and_preprocessing_config(self):
-    self.assertEqual(ip.DATASETS,
-                     ("cifar10", "cifar100", "imagenet2012", "synthetic"))
-    for name in ip.DATASETS:
-      info = ip.dataset_info(name)
-      self.assertEqual(info.name, name)
-      config = ip.preprocessing_config(name)
+  def test_dataset_info_is_read_from_tfds(self):
+    # Prepared: the sizes and label names of the files setUpClass wrote.
+    cifar10 = ip.dataset_info("cifar10", self.data_dir)
+    self.assertEqual(
+        (cifar10.num_classes, cifar10.image_shape, cifar10.train_split,
+         cifar10.eval_split, cifar10.num_train_examples,
+         cifar10.num_eval_examples),
+        (10, (32, 32, 3), "train", "test", 5 * 8, 12))
+    self.assertEqual(cifar10.class_names, tuple(f"class{i}" for i in range(10)))
+    cifar100 = ip.dataset_info("cifar100", self.data_dir)
+    self.assertEqual((cifar100.num_classes, cifar100.num_train_examples),
+                     (100, 40))  # The fine labels.
+    imagenet = ip.dataset_info("imagenet2012", self.data_dir)
+    self.assertEqual((imagenet.image_shape, imagenet.eval_split,
+                      imagenet.num_train_examples, imagenet.num_eval_examples,
+                      imagenet.jpeg), ((None, None, 3), "validation", 6, 4,
+                                       True))
+    fashion = ip.dataset_info("fashion_mnist", self.data_dir)
+    self.assertEqual((fashion.image_shape, fashion.num_train_examples,
+                      fashion.num_eval_examples),
+                     ((28, 28, 1), FASHION_COUNTS["train"],
+                      FASHION_COUNTS["test"]))
+    self.assertEqual(fashion.class_names[:2], ("T-shirt/top", "Trouser"))
+    # Not prepared: what TFDS's code says, without sizes.
+    svhn = ip.dataset_info("svhn_cropped", self.create_tempdir().full_path)
+    self.assertEqual((svhn.num_classes, svhn.image_shape,
+                      svhn.num_train_examples), (10, (32, 32, 3), None))
+    synthetic = ip.dataset_info("synthetic")
+    self.assertEqual((synthetic.num_train_examples, synthetic.eval_split),
+                     (10_000, "test"))
+    self.assertEqual(json.loads(json.dumps(fashion.to_dict()))["image_shape"],
+                     [28, 28, 1])
+    with self.assertRaisesRegex(ValueError, "unknown dataset 'no_such'"):
+      ip.dataset_info("no_such")
+    with self.assertRaisesRegex(ValueError,
+                                "not an image-classification dataset"):
+      ip.dataset_info("imdb_reviews")
+
+  def test_preprocessing_follows_the_image_size(self):
+    fashion = ip.dataset_info("fashion_mnist", self.data_dir)
+    small = ip.preprocessing_config(fashion, 32)
+    self.assertEqual(
+        {k: small[k] for k in ("kind", "image_size", "input_size", "channels",
+                               "pad", "flip")},
+        {"kind": "cifar", "image_size": 32, "input_size": [28, 28],
+         "channels": 1, "pad": 4, "flip": True})
+    self.assertEqual(ip.input_shape(small), [28, 28, 1])
+    self.assertEqual(ip.preprocessing_config(fashion)["image_size"], 28)
+    mnist = ip.dataset_info("mnist", self.data_dir)
+    self.assertFalse(ip.preprocessing_config(mnist, 32)["flip"])  # Digits.
+    self.assertTrue(ip.preprocessing_config(mnist, 32, flip=True)["flip"])
+    imagenet = ip.preprocessing_config(
+        ip.dataset_info("imagenet2012", self.data_dir), 224)
+    self.assertEqual((imagenet["kind"], imagenet["resize"]), ("imagenet", 256))
+    # Larger than the network's input: cropped and resized like ImageNet.
+    self.assertEqual(ip.preprocessing_config(
+        ip.dataset_info("cifar10", self.data_dir), 24)["kind"], "imagenet")
+    for config in (small, imagenet):
       self.assertEqual(json.loads(json.dumps(config)), config)
-      self.assertEqual(config["image_size"], info.image_size)
-    self.assertEqual(ip.dataset_info("cifar100").num_classes, 100)
-    self.assertEqual(ip.dataset_info("imagenet2012").eval_split, "validation")
-    self.assertEqual(ip.preprocessing_config("imagenet2012")["resize"], 256)
-    with self.assertRaisesRegex(ValueError, "unknown dataset 'mnist'.*cifar10"):
-      ip.dataset_info("mnist")
+    with self.assertRaisesRegex(ValueError, "less than half"):
+      ip.preprocessing_config(fashion, 224)
     with self.assertRaisesRegex(ValueError, "unknown split 'validation'"):
       ip.build_dataset("synthetic", "validation", 8, training=False)
     with self.assertRaisesRegex(ValueError, "batch_size must be a positive"):
       ip.build_dataset("synthetic", "train", 0, training=True)
-    with self.assertRaisesRegex(ValueError, "imagenet preprocessing does not"):
+    with self.assertRaisesRegex(ValueError, "does not fit synthetic's"):
       ip.build_dataset("synthetic", "train", 8, training=True,
-                       preprocessing=ip.preprocessing_config("imagenet2012"))
+                       preprocessing=small)
     with self.assertRaisesRegex(ValueError, "start_step must be"):
       ip.build_dataset("synthetic", "test", 8, training=False, start_step=3)
     with self.assertRaisesRegex(ValueError, "unknown preprocessing kind"):
@@ -188,7 +261,7 @@ class InputPipelineTest(tf.test.TestCase):
     # touching the home directory (the suite runs with an unwritable HOME and
     # no network: tests/fresh_machine_test.py).
     with self.assertRaisesRegex(ValueError,
-                                "^unknown TFDS dataset 'no_such_dataset': "):
+                                "^unknown dataset 'no_such_dataset': "):
       ip.prepare("no_such_dataset", empty)
     self.assertEqual(os.listdir(empty), [])
 
@@ -203,6 +276,9 @@ class InputPipelineTest(tf.test.TestCase):
         ("imagenet2012", empty,
          [os.path.join(empty, "downloads", "manual"), "ILSVRC2012_img_train",
           "--dataset=imagenet2012"]),
+        ("fashion_mnist", empty,
+         ["apt-get install dataset-fashion-mnist",
+          "--dataset=fashion_mnist", "no internet needed"]),
     ]
     for name, data_dir, expected in cases:
       split = ip.dataset_info(name).train_split
@@ -291,18 +367,88 @@ class InputPipelineTest(tf.test.TestCase):
       self.assertAllEqual(y1, y2)
       self.assertAllEqual(x1, x2)
 
+  def test_fashion_mnist_prepared_from_local_files_reads_back_exactly(self):
+    for split in ("train", "test"):
+      raw_images, raw_labels = self.raw["fashion_mnist"][split]
+      images, labels, info = ip.load_arrays("fashion_mnist", split,
+                                            self.data_dir)
+      self.assertEqual(images.shape, raw_images.shape)
+      self.assertEqual(info.image_shape, (28, 28, 1))
+      # TFDS may reorder records when preparing: match them up.
+      order = [int(np.argmin(np.abs(raw_images.astype(int) - image).sum(
+          axis=(1, 2, 3)))) for image in images]
+      self.assertCountEqual(order, range(len(raw_labels)))
+      np.testing.assert_array_equal(images, raw_images[order])
+      np.testing.assert_array_equal(labels, raw_labels[order])
+    # For the CIFAR network: 28x28 grey -> 32x32 RGB, zero-padded.
+    config = ip.preprocessing_config(
+        ip.dataset_info("fashion_mnist", self.data_dir), 32)
+    (batch, _), = _batches(ip.build_dataset(
+        "fashion_mnist", "train", 8, training=True, data_dir=self.data_dir,
+        preprocessing=config), 1)
+    self.assertEqual(batch.shape, (8, 32, 32, 3))
+    np.testing.assert_array_equal(batch[..., 0], batch[..., 2])
+
+  def test_prepare_finds_debians_files_and_names_missing_ones(self):
+    data_dir = self.create_tempdir().full_path
+    lines = []
+    with testing.fewer_mnist_examples(FASHION_COUNTS), mock.patch.dict(
+        ip.DEBIAN_SOURCES,
+        {"fashion_mnist": ("dataset-fashion-mnist", self.fashion_raw)}):
+      ip.prepare("fashion_mnist", data_dir, echo=lines.append)
+    self.assertIn(f"from the files in {self.fashion_raw} (no download)",
+                  lines[0])
+    self.assertEqual(
+        ip.dataset_info("fashion_mnist", data_dir).num_train_examples,
+        FASHION_COUNTS["train"])
+    incomplete = self.create_tempdir().full_path
+    shutil.copy(os.path.join(self.fashion_raw,
+                             testing.FASHION_FILES["train"][0]), incomplete)
+    with self.assertRaises(ValueError) as caught:
+      ip.prepare("fashion_mnist", self.create_tempdir().full_path,
+                 source_dir=incomplete, echo=lambda line: None)
+    message = str(caught.exception)
+    self.assertNotIn("\n", message)
+    # One of the three files that are not there, named with its address.
+    self.assertRegex(message, f"^{incomplete} has no (t10k|train)-[a-z]+-"
+                     "idx[13]-ubyte.gz, which fashion_mnist downloads from "
+                     "http://fashion-mnist")
+    self.assertNotIn(testing.FASHION_FILES["train"][0] + ",", message)
+    with self.assertRaisesRegex(ValueError, "is not a directory"):
+      ip.prepare("fashion_mnist", data_dir, source_dir=incomplete + "/absent")
+
+  def test_grayscale_is_padded_and_replicated_like_numpy_does(self):
+    fashion = ip.preprocessing_config(
+        ip.dataset_info("fashion_mnist", self.data_dir), 32)
+    images = np.random.default_rng(7).integers(0, 256, (3, 28, 28, 1))
+    # Evaluation: centred zero-padding 28 -> 32, grey into R, G and B, then
+    # per-image standardisation.
+    padded = np.repeat(np.pad(images, [(0, 0), (2, 2), (2, 2), (0, 0)]), 3,
+                       axis=3)
+    self.assertAllClose(ip.preprocess_for_eval(images.astype(np.uint8),
+                                               fashion),
+                        _numpy_standardized(padded), atol=1e-5)
+    # Training: a 32x32 window of the padded image, moved by up to 4 pixels.
+    seeds = tf.constant([[1, 2], [3, 4]], tf.int32)
+    crop = ip.random_pad_crop_flip(images[0].astype(np.uint8), fashion,
+                                   seeds).numpy()
+    frame = np.pad(padded[0], [(4, 4), (4, 4), (0, 0)])
+    windows = [frame[y:y + 32, x:x + 32] for y in range(9) for x in range(9)]
+    self.assertTrue(any(np.array_equal(crop, w) or
+                        np.array_equal(crop, w[:, ::-1]) for w in windows))
+
   def test_tfds_mock_data(self):
     # TFDS's mock examples (random images, encoded as the dataset's features
     # encode them), with the prepared directory's metadata.
     for name in ("cifar10", "cifar100", "imagenet2012"):
-      info = ip.dataset_info(name)
+      info = ip.dataset_info(name, self.data_dir)
+      size = 224 if name == "imagenet2012" else 32
       with tfds.testing.mock_data(num_examples=6, data_dir=self.data_dir):
         (images, labels), = _batches(ip.build_dataset(
             name, info.train_split, 6, training=True, data_dir=self.data_dir),
                                      1)
         evaluated = _batches(ip.build_dataset(
             name, info.eval_split, 4, training=False, data_dir=self.data_dir))
-      size = info.image_size
       self.assertEqual(images.shape, (6, size, size, 3))
       self.assertTrue(np.all(np.isfinite(images)))
       self.assertTrue(np.all((labels >= 0) & (labels < info.num_classes)))
@@ -311,7 +457,7 @@ class InputPipelineTest(tf.test.TestCase):
   # --- augmentation -------------------------------------------------------
 
   def test_cifar_crop_stays_in_padded_image_and_flips_half_the_time(self):
-    config = ip.preprocessing_config("cifar10")
+    config = _config("cifar10")
     # Every pixel tells where it came from; padding is 0.
     position = np.arange(1, 32 * 32 + 1, dtype=np.float32).reshape(32, 32)
     image = np.repeat(position[:, :, None], 3, axis=2)
@@ -340,7 +486,7 @@ class InputPipelineTest(tf.test.TestCase):
 
   def test_per_image_standardisation(self):
     images = tf.constant(ip.synthetic_arrays("train")[0][:16])
-    config = ip.preprocessing_config("synthetic")
+    config = _config("synthetic")
     augmented = tf.data.Dataset.range(16).map(
         lambda i: ip.augment_cifar(tf.gather(images, i), config,
                                    ip.example_seeds(0, i, 0, 2)))
@@ -350,7 +496,7 @@ class InputPipelineTest(tf.test.TestCase):
       self.assertAllClose(batch.std(axis=(1, 2, 3)), np.ones(16), atol=1e-3)
 
   def test_imagenet_random_resized_crop_window(self):
-    config = ip.preprocessing_config("imagenet2012")
+    config = _config("imagenet2012")
     shape = tf.constant([300, 400, 3])
     windows = [ip.random_resized_crop_window(shape, config,
                                              tf.constant([3, i]))
@@ -379,7 +525,7 @@ class InputPipelineTest(tf.test.TestCase):
   def test_preprocess_for_eval(self):
     # ImageNet: 256x320 has its shorter side at 256 already, so the result
     # is exactly the central 224x224, normalised per channel.
-    config = ip.preprocessing_config("imagenet2012")
+    config = _config("imagenet2012")
     images = np.random.default_rng(2).integers(0, 256, (2, 256, 320, 3))
     out = ip.preprocess_for_eval(images.astype(np.uint8), config).numpy()
     expected = ((images[:, 16:240, 48:272, :] - np.array(ip.IMAGENET_MEAN)) /
@@ -395,7 +541,7 @@ class InputPipelineTest(tf.test.TestCase):
     self.assertAllClose(from_uint8,
                         ip.preprocess_for_eval(big.astype(np.float32), config))
     # CIFAR: per-image standardisation, nothing else.
-    cifar = ip.preprocessing_config("cifar10")
+    cifar = _config("cifar10")
     small = np.random.default_rng(4).integers(0, 256, (3, 32, 32, 3))
     self.assertAllClose(ip.preprocess_for_eval(small.astype(np.uint8), cifar),
                         _standardized(small), atol=1e-5)
@@ -443,7 +589,7 @@ class InputPipelineTest(tf.test.TestCase):
   def test_training_epochs_are_permutations(self):
     # No augmentation but standardisation: each training image identifies
     # its example.
-    config = dict(ip.preprocessing_config("synthetic"), pad=0, flip=False)
+    config = dict(_config("synthetic"), pad=0, flip=False)
     reference = np.concatenate([x for x, _ in _batches(ip.build_dataset(
         "synthetic", "train", 16, training=False, num_examples=48))])
     self.assertEqual(len(reference), 48)
@@ -552,7 +698,7 @@ class InputPipelineTest(tf.test.TestCase):
     self.assertEqual(traced.dtype, tf.variant)
 
   def test_evaluation_is_one_deterministic_pass(self):
-    config = ip.preprocessing_config("synthetic")
+    config = _config("synthetic")
     images, labels = ip.synthetic_arrays("test")
     ds = ip.build_dataset("synthetic", "test", 64, training=False,
                           num_examples=150)

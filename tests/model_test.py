@@ -98,6 +98,122 @@ class ResidualUnitTest(absltest.TestCase):
       layers.ResidualInitializer("he")
 
 
+def reference_branch(x, unit):
+  """C2(ReLU(C1 x)) of a unit with tf.nn.conv2d, not Keras's Conv2D."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def conv(inputs, layer, strides):
+    return tf.nn.conv2d(inputs, np.asarray(layer.kernel), strides, "SAME")
+  return conv(tf.nn.relu(conv(x, unit.conv1, unit.strides)), unit.conv2, 1)
+
+
+class StabiliserTest(absltest.TestCase):
+  """SkipInit, Fixup and the projection's scale against their formulas."""
+
+  def test_skipinit_starts_at_the_identity_and_scales_the_branch(self):
+    rng = np.random.default_rng(10)
+    x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
+    for c_out, stride in [(4, 1), (8, 2)]:
+      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=3,
+                                     residual="skipinit")
+      np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
+                                 rtol=1e-6, atol=1e-6)  # De & Smith: a = 0.
+      unit.branch_gain.assign(0.7)
+      np.testing.assert_allclose(
+          unit(x), numpy_shortcut(x, c_out, stride) +
+          0.7 * np.asarray(reference_branch(x, unit)), rtol=1e-4, atol=1e-5)
+
+  def test_fixup_initialisation_is_zhang_et_als(self):
+    # Rule 2: C1 ~ N(0, 2 / fan_in) scaled by L^(-1/2); C2 = 0; scalars 0/1.
+    branches, c = 16, 64
+    unit = layers.ConvResidualUnit(c, seed=4, residual="fixup",
+                                   num_branches=branches)
+    x = np.ones((1, 4, 4, c), "float32")
+    np.testing.assert_array_equal(unit(x), x)  # The identity at the start.
+    kernel = np.asarray(unit.conv1.kernel)
+    expected_std = math.sqrt(2.0 / (3 * 3 * c)) / math.sqrt(branches)
+    self.assertAlmostEqual(kernel.std() / expected_std, 1.0, delta=0.02)
+    np.testing.assert_array_equal(np.asarray(unit.conv2.kernel), 0.0)
+    self.assertEqual([float(unit.scale)], [1.0])
+    for bias in (unit.bias1a, unit.bias1b, unit.bias2a, unit.bias2b):
+      self.assertEqual(float(bias), 0.0)
+
+  def test_fixup_forward_is_its_formula(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
+    for c_out, stride in [(4, 1), (8, 2)]:
+      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=5,
+                                     residual="fixup", num_branches=3)
+      unit(x)
+      unit.conv2.kernel.assign(
+          rng.normal(size=unit.conv2.kernel.shape).astype("float32") * 0.1)
+      b1a, b1b, b2a, s, b2b = 0.3, -0.2, 0.1, 1.5, 0.05
+      for weight, value in zip((unit.bias1a, unit.bias1b, unit.bias2a,
+                                unit.scale, unit.bias2b),
+                               (b1a, b1b, b2a, s, b2b)):
+        weight.assign(value)
+      # Figure 1 (right) of Zhang et al. (2019) on the paper's unit.
+      k1 = np.asarray(unit.conv1.kernel)
+      k2 = np.asarray(unit.conv2.kernel)
+      hidden = tf.nn.relu(tf.nn.conv2d(x + b1a, k1, stride, "SAME") + b1b)
+      branch = tf.nn.conv2d(hidden + b2a, k2, 1, "SAME") * s + b2b
+      identity = x if stride == 1 and c_out == 4 else x + b1a
+      np.testing.assert_allclose(
+          unit(x), numpy_shortcut(np.asarray(identity), c_out, stride) +
+          np.asarray(branch), rtol=1e-4, atol=1e-5)
+
+  def test_projection_scales(self):
+    for scale, fan in (("classes", 10), ("features", 256)):
+      projection = layers.RandomProjection(10, seed=9, scale=scale)
+      projection.build((None, 256))
+      expected = np.random.default_rng(9).standard_normal((256, 10))
+      np.testing.assert_allclose(np.asarray(projection.kernel),
+                                 expected / math.sqrt(fan), rtol=1e-6)
+
+  def test_options_survive_a_keras_file(self):
+    images = np.random.default_rng(12).normal(size=(2, 16, 16, 3)).astype(
+        "float32")
+    for options in (dict(residual="skipinit"), dict(residual="fixup"),
+                    dict(projection_scale="features")):
+      model = tiny(units=2, **options)
+      for weight in model.trainable_weights:  # Off the initial values.
+        weight.assign(weight + 0.01)
+      with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+      np.testing.assert_array_equal(model(images), loaded(images))
+      unit = loaded.get_layer("stage1_unit1")
+      self.assertEqual(unit.residual, options.get("residual", "plain"))
+      self.assertEqual(loaded.get_layer("projection").scale,
+                       options.get("projection_scale", "classes"))
+      if options.get("residual") == "fixup":
+        self.assertEqual(unit.num_branches, 6)  # 3 stages x 2 units.
+
+  def test_stabilisers_refuse_batch_norm(self):
+    with self.assertRaisesRegex(ValueError, "does not combine with norm"):
+      tiny("resnet_bn", residual="skipinit")
+    with self.assertRaisesRegex(ValueError, "valid: plain, skipinit, fixup"):
+      tiny(residual="rezero")
+    with self.assertRaisesRegex(ValueError, "needs num_branches"):
+      layers.ConvResidualUnit(4, residual="fixup")
+
+  def test_probe_sees_every_stage_in_forward_order(self):
+    model = tiny()
+    probe = model_lib.activation_probe(model)
+    images = np.random.default_rng(13).normal(size=(2, 16, 16, 3)).astype(
+        "float32")
+    outputs = probe(images)
+    self.assertEqual(list(outputs),
+                     ["stem", "stage1", "stage2", "stage3", "logits"])
+    np.testing.assert_allclose(outputs["logits"], model(images), rtol=1e-6)
+    reference = keras.Model(model.input,
+                            model.get_layer("stage2_unit1").output)
+    np.testing.assert_allclose(outputs["stage2"], reference(images),
+                               rtol=1e-6)
+
+
 class NetworkTest(absltest.TestCase):
 
   def test_table_1_counts(self):
@@ -218,6 +334,8 @@ class NetworkTest(absltest.TestCase):
         (dict(name="cifar10", init="he"), "valid: paper, standard"),
         (dict(name="cifar10", depth=3), "unknown option.*valid: classes"),
         (dict(name="cifar10", classes=1), "classes must be an integer >= 2"),
+        (dict(name="cifar10", projection_scale="d"),
+         "valid: classes, features"),
     ]
     for kwargs, message in cases:
       with self.assertRaisesRegex(ValueError, message):
@@ -231,6 +349,15 @@ class SummaryBinaryTest(absltest.TestCase):
     self.assertIn("stage3_unit9", result.stdout)
     self.assertRegex(result.stdout, r"Convolutions:\s+55\n")
     self.assertRegex(result.stdout, r"Trainable weights:\s+13,538,736\n")
+
+  def test_summary_shows_the_stabilisers(self):
+    result = testing.run_binary("summary", "--model=cifar10", "--units=1",
+                                "--width=0.125", "--residual=skipinit",
+                                "--projection_scale=features", check=True)
+    self.assertRegex(result.stdout,
+                     r"stage1_unit1 +ConvResidualUnit .*residual=skipinit")
+    self.assertRegex(result.stdout,
+                     r"projection +RandomProjection .*scale=features, frozen")
 
   def test_summary_bad_option_is_one_line_error(self):
     result = testing.run_binary("summary", "--model=cifar10", "--units=0")

@@ -1,8 +1,12 @@
-"""Shared test helpers: locate the source tree and run a binary as a user would."""
+"""Shared test helpers: run a binary as a user would; small real datasets."""
 
+import gzip
 import os
 import subprocess
 import sys
+from unittest import mock
+
+import numpy as np
 
 
 def source_root():
@@ -39,3 +43,41 @@ def last_stderr_line(result):
   """The last non-empty line of a process's stderr (where errors are reported)."""
   lines = [line for line in result.stderr.splitlines() if line.strip()]
   return lines[-1] if lines else ""
+
+
+# Fashion-MNIST's files as its publisher (and Debian's package) name them.
+FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz",
+                           "train-labels-idx1-ubyte.gz"),
+                 "test": ("t10k-images-idx3-ubyte.gz",
+                          "t10k-labels-idx1-ubyte.gz")}
+
+
+def write_fashion_mnist_files(directory, rng, counts):
+  """Fashion-MNIST's four gzipped idx files with random records.
+
+  COUNTS: {"train": n, "test": m}. The idx format (yann.lecun.com/exdb/mnist):
+  a big-endian header -- magic 2051, count, 28, 28 for images; magic 2049,
+  count for labels -- then one byte per pixel or label. Returns {split:
+  (images uint8 [n, 28, 28, 1], labels uint8 [n])}.
+  """
+  os.makedirs(directory)
+  records = {}
+  for split, (image_file, label_file) in FASHION_FILES.items():
+    n = counts[split]
+    images = rng.integers(0, 256, (n, 28, 28)).astype(np.uint8)
+    labels = rng.integers(0, 10, n).astype(np.uint8)
+    header = np.array([2051, n, 28, 28], ">u4").tobytes()
+    with gzip.open(os.path.join(directory, image_file), "wb") as f:
+      f.write(header + images.tobytes())
+    with gzip.open(os.path.join(directory, label_file), "wb") as f:
+      f.write(np.array([2049, n], ">u4").tobytes() + labels.tobytes())
+    records[split] = (images[..., None], labels)
+  return records
+
+
+def fewer_mnist_examples(counts):
+  """TFDS's MNIST builders read exactly 60,000 + 10,000 records: patched to
+  COUNTS for the small files of `write_fashion_mnist_files`."""
+  from tensorflow_datasets.image_classification import mnist  # pylint: disable=g-import-not-at-top
+  return mock.patch.multiple(mnist, _TRAIN_EXAMPLES=counts["train"],
+                             _TEST_EXAMPLES=counts["test"])

@@ -22,8 +22,12 @@ import tensorflow as tf
 import identity_tf
 from identity_tf import configs
 from identity_tf import input_pipeline
+from identity_tf import model as model_lib
+from identity_tf import optimization
 from identity_tf import train
 import testing
+
+SYNTHETIC = input_pipeline.dataset_info("synthetic")
 
 # A tiny, deterministic run on the synthetic dataset, as binary flags.
 TINY = dict(preset="smoke", width=0.0625, units=1, batch_size=16,
@@ -71,15 +75,20 @@ def _checkpoint_tensors(path):
 
 class PresetTest(absltest.TestCase):
 
-  def _written(self, preset):
+  def _written(self, preset, **overrides):
     model_dir = self.create_tempdir().full_path
-    config = configs.resolve(preset)
-    train.write_run(model_dir, train.describe_run(config))
+    config = configs.resolve(preset, **overrides)
+    # The dataset's classes and image shape come from TFDS's code; it is not
+    # prepared here, so its size is unknown.
+    info = input_pipeline.dataset_info(config.dataset)
+    train.write_run(model_dir, train.describe_run(config, info))
     with open(os.path.join(model_dir, train.CONFIG_FILE)) as f:
       return json.load(f)
 
   def test_cifar_presets_are_the_papers_numbers(self):
-    for preset, classes in (("cifar10_paper", 10), ("cifar100_paper", 100)):
+    for preset, classes in (("cifar10_paper", 10), ("cifar100_paper", 100),
+                            ("cifar10_paper_literal", 10),
+                            ("cifar100_paper_literal", 100)):
       run = self._written(preset)
       config = run["config"]
       # Section 4.1 of Hardt & Ma (2017).
@@ -90,17 +99,24 @@ class PresetTest(absltest.TestCase):
       self.assertEqual(config["lr_decay_factor"], 0.1)
       self.assertEqual(config["momentum"], 0.9)
       self.assertEqual(config["weight_decay"], 1e-4)
-      self.assertEqual(run["model"]["name"], preset[:-len("_paper")])
+      self.assertEqual(run["model"]["name"], preset.split("_")[0])
       options = run["model"]["options"]
       self.assertEqual(options["classes"], classes)
       self.assertEqual(options["init"], "paper")
       self.assertEqual(options["head"], "frozen")
+      self.assertFalse(options["norm"])
+      self.assertEqual(options["residual"], "plain")
+      self.assertEqual(options["projection_scale"], "classes")
       self.assertEqual(options["width"], 1.0)
-      self.assertIsNone(options["units"])  # Table 1's 9 units per stage.
+      self.assertEqual(options["units"], [9, 9, 9])  # Table 1.
       self.assertEqual(run["preprocessing"]["kind"], "cifar")
       self.assertEqual(run["preprocessing"]["pad"], 4)
+      # The one deviation from the text: the stabiliser, off in *_literal.
+      self.assertEqual(config["grad_clip_norm"],
+                       0.0 if preset.endswith("_literal") else 1.0)
+      self.assertEqual((config["agc_clip"], config["warmup_steps"]), (0, 0))
       # The schedule really is 0.05, /10 at 30k, /10 again at 50k.
-      schedule = train.learning_rate_schedule(
+      schedule = optimization.learning_rate_schedule(
           configs.from_dict(run["config"]))
       rates = [float(schedule(step)) for step in (0, 29999, 30001, 50001)]
       np.testing.assert_allclose(rates, [0.05, 0.05, 0.005, 0.0005],
@@ -119,12 +135,25 @@ class PresetTest(absltest.TestCase):
     self.assertEqual(run["model"]["name"], "imagenet")
     self.assertEqual(run["model"]["options"]["classes"], 1000)
     self.assertEqual(run["preprocessing"]["kind"], "imagenet")
-    schedule = train.learning_rate_schedule(configs.from_dict(config))
+    # ImageNet-2012's 1,281,167 training images, in batches of 256.
+    schedule = optimization.learning_rate_schedule(configs.from_dict(config),
+                                                   1281167 / 256)
     two_epochs = round(2 * 1281167 / 256)
     rates = [float(schedule(step))
              for step in (0, two_epochs - 1, two_epochs, 2 * two_epochs)]
     np.testing.assert_allclose(rates, [0.1, 0.1, 0.094, 0.1 * 0.94 ** 2],
                                rtol=1e-6)
+
+  def test_resnet_bn_is_the_baseline_under_any_preset(self):
+    # Batch norm, a trained linear head, the standard initialisation
+    # (model.py's description of the baseline) -- not the preset's.
+    for preset in ("cifar10_paper", "cifar10_paper_literal", "smoke"):
+      options = self._written(preset, model="resnet_bn")["model"]["options"]
+      self.assertEqual((options["norm"], options["head"], options["init"]),
+                       (True, "trainable", "standard"), preset)
+      model = model_lib.build_model("resnet_bn", **{**options, "width": 0.125,
+                                                    "units": 1})
+      self.assertNotEmpty(model_lib.normalization_layers(model))
 
   def test_dry_run_writes_the_resolved_configuration_with_overrides(self):
     model_dir = self.create_tempdir().full_path
@@ -152,14 +181,22 @@ class ConfigErrorTest(absltest.TestCase):
         "--momentum must be in [0, 1)": dict(momentum=1.5),
         "--weight_decay must be >= 0": dict(weight_decay=-1.0),
         "--strategy must be one of default, mirrored": dict(strategy="gpu"),
-        "--dataset must be one of": dict(dataset="mnist"),
+        "--dataset must be synthetic or a TFDS dataset name":
+            dict(dataset="my data"),
+        "--learning_rate must be positive, got nan":
+            dict(learning_rate=float("nan")),
+        "--grad_clip_norm must be >= 0 (0: off), got -1.0":
+            dict(grad_clip_norm=-1.0),
+        "--agc_clip must be >= 0": dict(agc_clip=float("nan")),
+        "--residual must be one of plain, skipinit, fixup":
+            dict(residual="rezero"),
+        "--residual=fixup re-parametrises the normalisation-free unit":
+            dict(residual="fixup", norm=True),
         "--units must be one positive integer or 3 (one per stage of "
         "--model=cifar10), got 1,2": dict(units="1,2"),
         "--lr_boundaries must be increasing": dict(lr_boundaries="50,10"),
         "--lr_boundaries must be comma-separated integers":
             dict(lr_boundaries="a,b"),
-        "--model=imagenet does not fit --dataset=synthetic":
-            dict(model="imagenet"),
     }
     for message, overrides in cases.items():
       with self.assertRaisesRegex(ValueError, re.escape(message)):
@@ -170,7 +207,7 @@ class ConfigErrorTest(absltest.TestCase):
   def test_resuming_a_different_network_is_refused(self):
     model_dir = self.create_tempdir().full_path
     config = configs.resolve("smoke")
-    train.write_run(model_dir, train.describe_run(config))
+    train.write_run(model_dir, train.describe_run(config, SYNTHETIC))
     train.check_resumable(model_dir, configs.override(config, train_steps=9))
     with self.assertRaisesRegex(ValueError,
                                 r"different network: width \(0.25 -> 0.5\)"):
@@ -224,10 +261,20 @@ class TrainingTest(absltest.TestCase):
     self.assertGreater(eval_top1, 0.3)
     self.assertEqual(train.checkpoint_step(tf.train.latest_checkpoint(
         model_dir)), 200)
+    # Progress lines are JSON objects with what shows a divergence coming.
+    progress = [json.loads(line) for line in lines
+                if line.startswith('{"step"') and '"eval"' not in line]
+    self.assertEqual([p["step"] for p in progress], list(range(50, 201, 50)))
+    self.assertEqual(list(progress[-1]["activation_rms"]),
+                     ["stem", "stage1", "stage2", "stage3", "logits"])
+    self.assertGreater(progress[-1]["grad_norm"], 0)
+    self.assertGreater(progress[-1]["update_ratio"], 0)
     scalars = train.read_scalars(os.path.join(model_dir, "train"))
     for name in ("loss", "top1", "learning_rate", "images_per_second",
                  "residual_branch_norm/stage1", "residual_branch_norm/stage2",
-                 "residual_branch_norm/stage3"):
+                 "residual_branch_norm/stage3", "grad_norm", "update_ratio",
+                 "activation_rms/stem", "activation_rms/stage3",
+                 "activation_rms/logits"):
       self.assertIn(name, scalars)
     losses = [value for _, value in sorted(scalars["loss"])]
     self.assertLess(losses[-1], losses[0] - 0.5)  # ln 10 = 2.30 at the start.
@@ -247,7 +294,7 @@ class TrainingTest(absltest.TestCase):
                                     image_size=8)
     config = configs.resolve("smoke", learning_rate=0.05,
                              lr_schedule="constant")
-    model.compile(train.build_optimizer(config),
+    model.compile(train.build_optimizer(config, SYNTHETIC),
                   keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True))
     accuracy = 0.0
@@ -270,8 +317,8 @@ class TrainingTest(absltest.TestCase):
     path = tf.train.latest_checkpoint(model_dir)
     saved = _checkpoint_tensors(path)
     # A fresh model and optimizer, restored the way train() restores them.
-    model = train.build_model(config)
-    optimizer = train.build_optimizer(config)
+    model = train.build_model(config, SYNTHETIC)
+    optimizer = train.build_optimizer(config, SYNTHETIC)
     optimizer.build(model.trainable_variables)
     tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
         path).expect_partial()
@@ -306,17 +353,84 @@ class TrainingTest(absltest.TestCase):
       bad = tf.data.Dataset.from_tensors((images, labels)).repeat()
       return clean.concatenate(bad)
 
+    # The step and the stage are named: the first bad batch is step 13's,
+    # and the infinite pixel overflows the first convolution.
     with self.assertRaisesRegex(
         train.NonFiniteLossError,
-        r"became (nan|inf) by step \d+; stopped; the last good checkpoint is "
-        r".*ckpt-10 \(step 10\)"):
+        r"became (nan|inf) at step 13: the activations of stem became NaN or "
+        r"infinite first; .*stopped; the last good checkpoint is "
+        r".*ckpt-10 \(step 10\)") as caught:
       train.train(configs.override(config, train_steps=30), model_dir,
                   echo=lambda line: None, dataset_fn=corrupted_after_step_12)
+    self.assertEqual(caught.exception.step, 13)
     latest = tf.train.latest_checkpoint(model_dir)
     self.assertEqual(train.checkpoint_step(latest), 10)
     for value in _checkpoint_tensors(latest).values():
       if np.issubdtype(np.asarray(value).dtype, np.floating):
         self.assertTrue(np.all(np.isfinite(value)))
+
+
+class DiagnosticsTest(absltest.TestCase):
+  """What the training step reports, against an independent computation."""
+
+  def test_step_reports_gradient_norm_update_ratio_and_activations(self):
+    config = configs.resolve("smoke", width=0.125, batch_size=8,
+                             momentum=0.0, weight_decay=0.0,
+                             learning_rate=0.1)
+    rng = np.random.default_rng(5)
+    images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 8).astype(np.int32)
+    strategy = tf.distribute.get_strategy()
+    model = train.build_model(config, SYNTHETIC)
+    optimizer = train.build_optimizer(config, SYNTHETIC)
+    optimizer.build(model.trainable_variables)
+    # The same network and the step's quantities, computed here: the
+    # gradient of the mean cross-entropy, plain SGD's update -lr g, the RMS
+    # of each stage's last unit's output.
+    twin = train.build_model(config, SYNTHETIC)
+    twin.set_weights(model.get_weights())
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+          labels, twin(images), from_logits=True))
+    gradients = tape.gradient(loss, twin.trainable_variables)
+    norm = np.sqrt(sum(np.sum(np.square(g.numpy())) for g in gradients))
+    ratio = max(0.1 * np.linalg.norm(g.numpy()) / np.linalg.norm(w.numpy())
+                for g, w in zip(gradients, twin.trainable_variables)
+                if np.linalg.norm(w.numpy()) > 0)
+    outputs = {"stem": "stem1", "stage1": "stage1_unit1",
+               "stage2": "stage2_unit1", "stage3": "stage3_unit1",
+               "logits": "projection"}
+    rms = [np.sqrt(np.mean(np.square(keras.Model(
+        twin.input, twin.get_layer(layer).output)(images).numpy())))
+           for layer in outputs.values()]
+
+    iterator = iter(strategy.distribute_datasets_from_function(
+        lambda _: tf.data.Dataset.from_tensors((images, labels)).repeat()))
+    out = train.make_train_step(strategy, model, optimizer, config)(
+        iterator, tf.constant(1))
+    self.assertEqual(train.watched_activations(model), list(outputs))
+    peaks = out["peaks"].numpy()
+    np.testing.assert_allclose(peaks[[0, *range(2, 7)]], [norm, *rms],
+                               rtol=1e-4)
+    # ||w_new - w_old|| loses digits to cancellation in float32.
+    np.testing.assert_allclose(peaks[1], ratio, rtol=2e-3)
+    np.testing.assert_array_equal(out["first_nonfinite"].numpy(), [-1, -1])
+
+  def test_evaluates_every_eval_steps(self):
+    model_dir = self.create_tempdir().full_path
+    lines = []
+    config = configs.resolve(
+        "smoke", width=0.0625, batch_size=16, train_steps=10, eval_steps=4,
+        checkpoint_steps=10, log_steps=5, steps_per_loop=5,
+        num_eval_examples=64)
+    result = train.train(config, model_dir, echo=lines.append)
+    evaluations = [json.loads(line) for line in lines if '"eval"' in line]
+    self.assertEqual([e["step"] for e in evaluations], [4, 8, 10])
+    scalars = train.read_scalars(os.path.join(model_dir, "eval"))
+    self.assertEqual([step for step, _ in scalars["top1"]], [4, 8, 10])
+    self.assertEqual(result["eval"]["examples"], 64)
+    self.assertAlmostEqual(result["eval"]["top1"], scalars["top1"][-1][1],
+                           places=5)
 
 
 class InterruptionTest(absltest.TestCase):

@@ -1,0 +1,160 @@
+"""Tests of identity_tf/optimization.py: schedules, clipping, AGC, warm-up.
+
+Every stabiliser is checked against the formula of its paper computed here
+in NumPy, and clipping under two replicas (two logical CPUs) against one.
+"""
+
+import dataclasses
+import math
+
+from absl.testing import absltest
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import configs
+from identity_tf import input_pipeline
+from identity_tf import optimization
+from identity_tf import train
+
+# Two logical CPUs for MirroredStrategy, set before TensorFlow starts.
+_CPU = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+def _numpy_unit_norms(array):
+  if array.ndim <= 1:
+    return np.abs(array)
+  return np.sqrt(np.sum(np.square(array), axis=tuple(range(array.ndim - 1)),
+                        keepdims=True))
+
+
+class ClippingTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    rng = np.random.default_rng(0)
+    shapes = [(3, 3, 2, 4), (5, 3), (4,), ()]
+    self.weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    self.weights[2][1] = 0.0  # A unit at zero: AGC's epsilon floor.
+    self.gradients = [10 * rng.standard_normal(s).astype(np.float32)
+                      for s in shapes]
+
+  def _clipped(self, **options):
+    factors, norm = optimization.clip_factors(
+        [tf.constant(g) for g in self.gradients],
+        [tf.constant(w) for w in self.weights], **options)
+    return [g if f is None else (g * f).numpy()
+            for g, f in zip(self.gradients, factors)], float(norm)
+
+  def test_global_norm_clipping_is_pascanus(self):
+    norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2))
+                         for g in self.gradients))
+    for limit in (1.0, 1e6):
+      clipped, reported = self._clipped(grad_clip_norm=limit)
+      self.assertAlmostEqual(reported, norm, places=3)
+      for g, c in zip(self.gradients, clipped):
+        np.testing.assert_allclose(c, g * min(1.0, limit / norm), rtol=1e-5)
+    clipped, _ = self._clipped(grad_clip_norm=1.0)
+    self.assertAlmostEqual(
+        math.sqrt(sum(float(np.sum(c ** 2)) for c in clipped)), 1.0, places=4)
+
+  def test_adaptive_clipping_is_brock_et_als(self):
+    lam = 0.05
+    clipped, _ = self._clipped(agc_clip=lam)
+    for w, g, c in zip(self.weights, self.gradients, clipped):
+      # Equation 3 of Brock et al. (2021), unit by unit.
+      limit = lam * np.maximum(_numpy_unit_norms(w), 1e-3)
+      g_norm = _numpy_unit_norms(g)
+      expected = np.where(g_norm > limit, g * limit / g_norm, g)
+      np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-8)
+    # No clipping asked for: no factors.
+    factors, _ = optimization.clip_factors(
+        [tf.constant(g) for g in self.gradients],
+        [tf.constant(w) for w in self.weights])
+    self.assertEqual(factors, [None] * 4)
+
+  def test_both_apply_the_global_limit_to_the_adaptively_clipped_gradient(self):
+    agc_only, _ = self._clipped(agc_clip=0.05)
+    both, _ = self._clipped(agc_clip=0.05, grad_clip_norm=0.01)
+    norm = math.sqrt(sum(float(np.sum(c.astype(np.float64) ** 2))
+                         for c in agc_only))
+    for a, b in zip(agc_only, both):
+      np.testing.assert_allclose(b, a * min(1.0, 0.01 / norm), rtol=1e-5)
+
+
+class ScheduleTest(absltest.TestCase):
+
+  def test_warmup_is_linear_then_the_schedule(self):
+    config = dataclasses.replace(
+        configs.PRESETS["cifar10_paper_literal"], warmup_steps=100,
+        lr_boundaries=(200, 300))
+    schedule = optimization.learning_rate_schedule(config)
+    for step, expected in ((0, 0.05 / 100), (49, 0.05 * 50 / 100),
+                           (99, 0.05), (150, 0.05), (250, 0.005),
+                           (350, 0.0005)):
+      self.assertAlmostEqual(float(schedule(step)), expected, places=7)
+    # Serialisable like Keras's own schedules.
+    restored = optimization.LinearWarmup.from_config(schedule.get_config())
+    self.assertAlmostEqual(float(restored(49)), 0.05 * 50 / 100, places=7)
+
+  def test_exponential_schedule_needs_the_epoch_length(self):
+    config = configs.PRESETS["imagenet_paper_literal"]
+    with self.assertRaisesRegex(ValueError, "number of training examples"):
+      optimization.learning_rate_schedule(config)
+    schedule = optimization.learning_rate_schedule(config, 1000.0)
+    self.assertAlmostEqual(float(schedule(2000)), 0.1 * 0.94, places=6)
+
+
+class ReplicasTest(absltest.TestCase):
+  """Clipping acts on the gradient of the global batch, not per replica."""
+
+  def _trained(self, strategy, **clipping):
+    config = configs.override(
+        configs.PRESETS["smoke"], width=0.0625, units=(1,), batch_size=8,
+        learning_rate=0.5, weight_decay=0.0, **clipping)
+    info = input_pipeline.dataset_info("synthetic")
+    rng = np.random.default_rng(3)
+    images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 8).astype(np.int32)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+      model = train.build_model(config, info)
+      optimizer = train.build_optimizer(config, info)
+      optimizer.build(model.trainable_variables)
+
+    def dataset_fn(context):
+      # One pipeline serves the replicas one element each, in order: the
+      # global batch split into per-replica parts.
+      per_replica = context.get_per_replica_batch_size(8)
+      parts = 8 // per_replica
+      return tf.data.Dataset.from_tensor_slices(
+          (images.reshape(parts, per_replica, 32, 32, 3),
+           labels.reshape(parts, per_replica))).repeat()
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    out = train.make_train_step(strategy, model, optimizer, config)(
+        iterator, tf.constant(3))
+    return [w.numpy() for w in model.trainable_weights], out
+
+  def test_two_replicas_clip_like_one(self):
+    two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    self.assertEqual(two.num_replicas_in_sync, 2)
+    for clipping in ({"grad_clip_norm": 0.01}, {"agc_clip": 0.001}):
+      one_weights, one = self._trained(tf.distribute.get_strategy(),
+                                       **clipping)
+      two_weights, two_out = self._trained(two, **clipping)
+      for a, b in zip(one_weights, two_weights):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+      # The reported gradient norm is the global batch's in both.
+      np.testing.assert_allclose(one["peaks"].numpy()[0],
+                                 two_out["peaks"].numpy()[0], rtol=1e-4)
+      # And clipping was active: without it the weights differ.
+      unclipped, _ = self._trained(tf.distribute.get_strategy())
+      self.assertGreater(
+          max(float(np.max(np.abs(a - b)))
+              for a, b in zip(one_weights, unclipped)), 1e-4)
+
+
+if __name__ == "__main__":
+  absltest.main()

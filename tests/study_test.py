@@ -1,0 +1,167 @@
+"""Tests of identity_tf/study.py and bin/study.py: grid, resume, report.
+
+The report writer is checked on results made up here (its numbers computed
+independently with `statistics`); the runner on a tiny study of the
+synthetic dataset, one arm of which diverges.
+"""
+
+import json
+import os
+import statistics
+
+from absl.testing import absltest
+import numpy as np
+
+from identity_tf import configs
+from identity_tf import study
+import testing
+
+_TINY = (("width", 0.0625), ("batch_size", 32), ("num_eval_examples", 64))
+TINY_STUDY = configs.Study(
+    "tiny", "two arms of the smoke preset",
+    arms=(
+        configs.Arm("smoke", "smoke", _TINY, description="as it is"),
+        # A rate that diverges at once: exp(5) times the smoke preset's.
+        configs.Arm("huge/lr", "smoke", _TINY + (("learning_rate", 1.5),),
+                    description="diverges"),
+    ))
+
+
+def _run(seed, status, top1, nan_step=None, minutes=2.0):
+  steps = [100 * (i + 1) for i in range(len(top1))]
+  return {"seed": seed, "status": status, "nan_step": nan_step,
+          "wall_seconds": 60 * minutes, "model_dir": "x",
+          "final_top1": top1[-1] if status == "done" else None,
+          "best_top1": max(top1) if top1 else None,
+          "curves": {"train_loss": [[s, 2.0 / s] for s in steps],
+                     "test_top1": [[s, t] for s, t in zip(steps, top1)]}}
+
+
+MADE_UP = {
+    "study": "made_up", "description": "for the writer",
+    "arms": [
+        {"name": "literal", "description": "as written", "runs": [
+            _run(0, "diverged", [], nan_step=160, minutes=0.5)]},
+        {"name": "clip", "description": "clipped", "runs": [
+            _run(0, "done", [0.80, 0.9120]), _run(1, "done", [0.82, 0.9050]),
+            _run(2, "done", [0.79, 0.9180])]},
+        {"name": "half", "description": "one seed left", "runs": [
+            _run(0, "done", [0.7, 0.85]), _run(1, "running", [0.6])]},
+    ]}
+
+
+class ReportTest(absltest.TestCase):
+
+  def test_markdown_table(self):
+    rows = study.markdown_table(MADE_UP).splitlines()
+    self.assertLen(rows, 2 + 3)
+    # Columns: name, what, seeds, final, best, NaN step, wall time.
+    literal, clip, half = (row.strip("| ").split(" | ") for row in rows[2:])
+    self.assertEqual(literal[3:5], ["--", "--"])   # No evaluation before NaN.
+    self.assertEqual(literal[5:], ["160", "0.5 min"])
+    finals = [0.9120, 0.9050, 0.9180]
+    self.assertEqual(
+        clip[3], f"{100 * statistics.mean(finals):.2f} ± "
+        f"{100 * statistics.pstdev(finals):.2f} (91.20, 90.50, 91.80)")
+    self.assertEqual(clip[5:], ["none", "2.0 min per seed"])
+    self.assertEqual(half[3], "85.00, --")  # No mean over a missing value.
+    self.assertEqual(half[5], "1 unfinished")
+
+  def test_report_files(self):
+    output_dir = self.create_tempdir().full_path
+    paths = study.write_report(dict(MADE_UP, dataset="fashion_mnist"),
+                               output_dir)
+    with open(paths[study.RESULTS_JSON]) as f:
+      self.assertEqual(json.load(f)["arms"][1]["runs"][2]["final_top1"],
+                       0.9180)
+    with open(paths[study.RESULTS_MARKDOWN]) as f:
+      text = f.read()
+    self.assertIn("- dataset: fashion_mnist", text)
+    self.assertIn(study.markdown_table(MADE_UP), text)
+    with open(paths[study.CURVES_PNG], "rb") as f:
+      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    self.assertGreater(os.path.getsize(paths[study.CURVES_PNG]), 10_000)
+
+
+class RunConfigTest(absltest.TestCase):
+
+  def test_the_budget_scales_the_schedule(self):
+    arm = configs.Arm("clip", "cifar10_paper_literal",
+                      (("grad_clip_norm", 1.0),))
+    config = study.run_config(arm, 2, dataset="fashion_mnist", epochs=10,
+                              num_train_examples=60_000, width=0.25)
+    steps = -(-10 * 60_000 // 128)  # ceil: 4688.
+    self.assertEqual(config.train_steps, steps)
+    # 30k and 50k of the paper's 70k steps.
+    self.assertEqual(config.lr_boundaries,
+                     (round(30_000 * steps / 70_000),
+                      round(50_000 * steps / 70_000)))
+    self.assertEqual((config.eval_steps, config.checkpoint_steps), (469, 469))
+    self.assertEqual((config.seed, config.width, config.dataset,
+                      config.grad_clip_norm), (2, 0.25, "fashion_mnist", 1.0))
+    self.assertEqual(config.learning_rate, 0.05)  # The preset's own.
+
+  def test_unknown_arms_are_named(self):
+    with self.assertRaisesRegex(ValueError, "no arm nope; its arms: smoke"):
+      study.runs_of(TINY_STUDY, arms=["nope"])
+    self.assertEqual(
+        [(a.name, s) for a, s in study.runs_of(TINY_STUDY, seeds=[3, 4])],
+        [("smoke", 3), ("smoke", 4), ("huge/lr", 3), ("huge/lr", 4)])
+
+
+class RunStudyTest(absltest.TestCase):
+
+  def test_runs_resume_and_divergence_is_recorded(self):
+    output_dir = self.create_tempdir().full_path
+    lines = []
+    results = study.run_study(TINY_STUDY, output_dir, dataset="synthetic",
+                              epochs=0.2, echo=lines.append)
+    smoke, huge = results["arms"]
+    run = smoke["runs"][0]
+    self.assertEqual(run["status"], "done")
+    # 0.2 epochs of 10,000 examples in batches of 32: 63 steps, evaluated at
+    # the epoch's end (never reached) and at the end.
+    self.assertEqual(run["curves"]["test_top1"][-1][0], 63)
+    self.assertEqual(run["final_top1"], run["curves"]["test_top1"][-1][1])
+    self.assertGreater(run["wall_seconds"], 0)
+    diverged = huge["runs"][0]
+    self.assertEqual(diverged["status"], "diverged")
+    self.assertBetween(diverged["nan_step"], 1, 63)
+    self.assertTrue(os.path.isdir(os.path.join(output_dir, "huge_lr",
+                                               "seed0")))
+    self.assertTrue(any("diverged: the training loss became" in line
+                        for line in lines))
+    # Again: nothing is trained, the results are the same.
+    again = []
+    self.assertEqual(study.run_study(TINY_STUDY, output_dir,
+                                     dataset="synthetic", epochs=0.2,
+                                     echo=again.append), results)
+    self.assertEqual(again, ["[1/2] smoke seed 0: done earlier, skipped",
+                             "[2/2] huge/lr seed 0: diverged earlier, "
+                             "skipped"])
+
+  def test_binary_reports_and_refuses_bad_flags(self):
+    result = testing.run_binary("study", "--study=smoke", "--epochs=0")
+    self.assertEqual(result.returncode, 1)
+    self.assertNotIn("Traceback", result.stderr)
+    result = testing.run_binary("study", "--study=smoke", "--arms=nope",
+                                "--dataset=synthetic", "--report_only",
+                                f"--output_dir={self.create_tempdir()}")
+    self.assertEqual(testing.last_stderr_line(result),
+                     "error: study smoke has no arm nope; its arms: smoke, "
+                     "lr_x10, lr_x10_clip")
+    output_dir = self.create_tempdir().full_path
+    result = testing.run_binary("study", "--study=smoke", "--report_only",
+                                "--dataset=synthetic",
+                                f"--output_dir={output_dir}", check=True)
+    self.assertEqual(result.stdout.split(),
+                     [os.path.join(output_dir, name)
+                      for name in (study.RESULTS_JSON, study.RESULTS_MARKDOWN,
+                                   study.CURVES_PNG)])
+    with open(os.path.join(output_dir, study.RESULTS_MARKDOWN)) as f:
+      # Nothing has run: each of the 3 arms has its one seed unfinished.
+      self.assertEqual(f.read().count("| 1 unfinished |"), 3)
+
+
+if __name__ == "__main__":
+  absltest.main()
