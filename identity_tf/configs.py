@@ -191,13 +191,16 @@ STUDIES = {
     # (docs/results.md).
     "stabilisers": Study(
         "stabilisers",
-        "The paper's CIFAR recipe as written, each stabiliser alone, the "
-        "cifar10_paper preset and the batch-norm baseline.",
+        "The paper's CIFAR recipe as written, each stabiliser alone (the "
+        "one the cifar10_paper preset adds for three seeds), one pair, and "
+        "the batch-norm baseline.",
         arms=(
             Arm("literal", _LITERAL,
                 description="Section 4.1 as written"),
             Arm("clip", _LITERAL, (("grad_clip_norm", 1.0),),
-                description="global gradient norm clipped to 1"),
+                seeds=(0, 1, 2),
+                description="global gradient norm clipped to 1: the "
+                            "cifar10_paper preset"),
             Arm("agc", _LITERAL, (("agc_clip", 0.01),),
                 description="adaptive gradient clipping, lambda = 0.01"),
             Arm("warmup", _LITERAL, (("warmup_steps", 1000),),
@@ -210,9 +213,9 @@ STUDIES = {
             Arm("fixup", _LITERAL, (("residual", "fixup"),),
                 description="Fixup's initialisation, scalar biases and "
                             "multipliers"),
-            Arm("cifar10_paper", "cifar10_paper", seeds=(0, 1, 2),
-                description="the preset: the paper's recipe plus "
-                            f"{', '.join(f'{k}={v}' for k, v in STABILISER.items())}"),
+            Arm("clip+projection_1/d", _LITERAL,
+                (("grad_clip_norm", 1.0), ("projection_scale", "features")),
+                description="the two together"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 seeds=(0, 1, 2),
                 description="the batch-norm baseline, the paper's recipe"),

@@ -475,7 +475,7 @@ def make_train_step(strategy, model, optimizer, config):
     "sums": the sums over steps and replicas of [per-example loss, correct
       top-1 predictions, examples];
     "peaks": the largest per-step value of [global gradient norm (before
-      clipping), largest ||update|| / ||weight|| over the weights, then the
+      clipping), largest ||update|| / ||weight|| over the kernels, then the
       RMS of each activation of `watched_activations`] (NaN if any was);
     "first_nonfinite": [global step, index] of the first step at which one
       of them was NaN or infinite -- index i < len(watched) is the first
@@ -513,13 +513,15 @@ def make_train_step(strategy, model, optimizer, config):
         whole, variables, config.grad_clip_norm, config.agc_clip)
     gradients = [g if f is None else g * f
                  for g, f in zip(gradients, factors)]
-    before = [tf.identity(v) for v in variables]
+    kernels = [v for v in variables if len(v.shape) >= 2]
+    before = [tf.identity(v) for v in kernels]
     optimizer.apply_gradients(zip(gradients, variables))
-    # Weights that are exactly zero (Fixup's C2, SkipInit's gain at the
-    # start) have no ratio; they count as 0.
+    # Kernels only: the relative change of a scalar near zero (SkipInit's
+    # gain, Fixup's biases) says nothing about stability. Kernels that are
+    # exactly zero (Fixup's C2 at the start) have no ratio; they count as 0.
     update_ratio = tf.reduce_max(tf.stack([
         tf.math.divide_no_nan(tf.norm(v - b), tf.norm(b))
-        for v, b in zip(variables, before)]))
+        for v, b in zip(kernels, before)]))
     rms = [tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
                                                     tf.float32))))
            for name in names]
