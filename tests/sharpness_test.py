@@ -1,0 +1,101 @@
+"""Tests of identity_tf/sharpness.py and bin/sharpness.py."""
+
+import json
+import os
+
+from absl.testing import absltest
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import configs
+from identity_tf import sharpness
+from identity_tf import train
+import testing
+
+
+class SharpnessTest(absltest.TestCase):
+
+  def test_power_iteration_finds_the_top_eigenvalue_of_a_quadratic(self):
+    rng = np.random.default_rng(0)
+    basis, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+    eigenvalues = np.array([5.0, 3.0, 1.0, 0.5, -0.5, 0.1])
+    hessian = (basis * eigenvalues) @ basis.T
+    x = tf.Variable(rng.standard_normal(6), dtype=tf.float32)
+    a = tf.constant(hessian, tf.float32)
+    value, _ = sharpness.top_eigenvalue(
+        lambda: 0.5 * tf.tensordot(x, tf.linalg.matvec(a, x), 1), [x],
+        iterations=60)
+    self.assertAlmostEqual(value, 5.0, places=3)
+
+  def test_matches_the_exact_hessian_of_a_small_network(self):
+    rng = np.random.default_rng(1)
+    images = rng.standard_normal((16, 4)).astype(np.float32)
+    labels = rng.integers(0, 3, 16).astype(np.int32)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5,
+                                                                    "tanh"),
+                              keras.layers.Dense(3)])
+    loss = sharpness.loss_function(model, images, labels, weight_decay=0.0)
+    flat = tf.Variable(tf.concat([tf.reshape(v, [-1])
+                                  for v in model.trainable_variables], 0))
+
+    def unflattened_loss():
+      offset, logits = 0, images
+      weights = []
+      for v in model.trainable_variables:
+        size = int(np.prod(v.shape))
+        weights.append(tf.reshape(flat[offset:offset + size], v.shape))
+        offset += size
+      hidden = tf.tanh(images @ weights[0] + weights[1])
+      logits = hidden @ weights[2] + weights[3]
+      return tf.reduce_mean(
+          keras.losses.sparse_categorical_crossentropy(labels, logits,
+                                                       from_logits=True))
+
+    with tf.GradientTape() as outer:
+      with tf.GradientTape() as inner:
+        value = unflattened_loss()
+      gradient = inner.gradient(value, flat)
+    exact = np.linalg.eigvalsh(outer.jacobian(gradient, flat).numpy())
+    top = exact[np.argmax(np.abs(exact))]
+    self.assertAlmostEqual(float(loss()), float(unflattened_loss()), places=5)
+    value, _ = sharpness.top_eigenvalue(loss, model.trainable_variables,
+                                        iterations=200)
+    self.assertAlmostEqual(value / top, 1.0, delta=1e-3)
+
+  def test_the_threshold_is_where_heavy_ball_stops_converging(self):
+    # Heavy ball on f(x) = lambda x^2 / 2, Keras SGD's update.
+    eta, beta = 0.05, 0.9
+    threshold = sharpness.stability_threshold(eta, beta)
+    self.assertAlmostEqual(threshold, 76.0)
+    for factor, converges in ((0.98, True), (1.02, False)):
+      x, m = 1.0, 0.0
+      for _ in range(5000):
+        m = beta * m - eta * factor * threshold * x
+        x += m
+      self.assertEqual(abs(x) < 1e-3, converges, factor)
+
+  def test_binary_measures_every_checkpoint(self):
+    model_dir = self.create_tempdir().full_path
+    config = configs.resolve("smoke", width=0.0625, batch_size=16,
+                             train_steps=10, checkpoint_steps=5,
+                             steps_per_loop=5, log_steps=5,
+                             eval_at_end=False)
+    train.train(config, model_dir, echo=lambda line: None)
+    result = testing.run_binary("sharpness", f"--model_dir={model_dir}",
+                                "--num_examples=32", "--iterations=5",
+                                check=True)
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    self.assertEqual([line["step"] for line in lines], [5, 10])
+    for line in lines:
+      self.assertAlmostEqual(line["threshold"], 2 * 1.9 / 0.01, places=3)
+      self.assertAlmostEqual(line["ratio"],
+                             line["sharpness"] / line["threshold"], places=3)
+    bad = testing.run_binary("sharpness",
+                             f"--model_dir={os.path.join(model_dir, 'x')}")
+    self.assertEqual(bad.returncode, 1)
+    self.assertStartsWith(testing.last_stderr_line(bad), "error: no config")
+
+
+if __name__ == "__main__":
+  absltest.main()
