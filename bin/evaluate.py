@@ -30,34 +30,27 @@ flags.DEFINE_string("data_dir", None, "TFDS data directory.")
 flags.DEFINE_string("checkpoint", None,
                     "A step, ckpt-<step> or a checkpoint path prefix "
                     "(default: the latest).")
-flags.DEFINE_integer("batch_size", 500, "Evaluation batch size.")
+flags.DEFINE_integer("batch_size", 500, "Evaluation batch size.",
+                     lower_bound=1)
 flags.DEFINE_integer("num_examples", None,
-                     "Evaluate on the first N examples only (default: all).")
+                     "Evaluate on the first N examples only (default: all).",
+                     lower_bound=1)
 flags.DEFINE_boolean("watch", False,
                      "Evaluate every new checkpoint as it appears.")
 flags.DEFINE_float("watch_timeout", 600.0,
                    "--watch: stop after this many seconds without a new "
-                   "checkpoint.")
+                   "checkpoint.", lower_bound=1e-3)
 flags.DEFINE_float("watch_interval", 5.0,
-                   "--watch: seconds between looks for a new checkpoint.")
+                   "--watch: seconds between looks for a new checkpoint.",
+                   lower_bound=1e-3)
 flags.DEFINE_boolean("write_summaries", True,
                      "Write the scores to MODEL_DIR/eval for TensorBoard.")
-
-
-def _check_flags():
-  if not FLAGS.model_dir:
-    raise ValueError("--model_dir is required: the directory of a training "
-                     "run (e.g. --model_dir=runs/smoke)")
-  if FLAGS.batch_size <= 0:
-    raise ValueError(f"--batch_size must be positive, got {FLAGS.batch_size}")
-  if FLAGS.num_examples is not None and FLAGS.num_examples <= 0:
-    raise ValueError(
-        f"--num_examples must be positive, got {FLAGS.num_examples}")
-  if FLAGS.watch and FLAGS.checkpoint:
-    raise ValueError("--watch evaluates new checkpoints as they appear; it "
-                     "cannot be combined with --checkpoint")
-  if FLAGS.watch_timeout <= 0 or FLAGS.watch_interval <= 0:
-    raise ValueError("--watch_timeout and --watch_interval must be positive")
+flags.mark_flag_as_required("model_dir")
+flags.register_multi_flags_validator(
+    ["watch", "checkpoint"], lambda values: not (values["watch"] and
+                                                 values["checkpoint"]),
+    message="--watch evaluates new checkpoints as they appear; it cannot be "
+    "combined with --checkpoint")
 
 
 def main(argv):
@@ -69,45 +62,46 @@ def main(argv):
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}")
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
-  from identity_tf import input_pipeline
-  from identity_tf import train
+  from identity_tf import datasets
+  from identity_tf import evaluation
+  from identity_tf import run_dir
+  from identity_tf import tfds_data
   # pylint: enable=g-import-not-at-top
 
   def evaluate(checkpoint):
-    model, description, step = train.restore_model(model_dir, checkpoint)
+    model, description, step = run_dir.restore_model(model_dir, checkpoint)
     trained = description["dataset"]
     dataset = FLAGS.dataset or trained["name"]
     # The model's own preprocessing on its own dataset; on another one, that
     # dataset's preprocessing for the model's input size.
     preprocessing = description["preprocessing"]
     if dataset != trained["name"]:
-      info = input_pipeline.dataset_info(dataset, data_dir)
+      info = tfds_data.dataset_info(dataset, data_dir)
       if info.num_classes != trained["num_classes"]:
         raise ValueError(
             f"--dataset={dataset} has {info.num_classes} classes; the model "
             f"was trained for the {trained['num_classes']} of "
             f"{trained['name']}")
-      preprocessing = input_pipeline.preprocessing_config(
+      preprocessing = datasets.preprocessing_config(
           info, preprocessing["image_size"])
     logging.info("evaluating %s at step %d on %s", model_dir, step, dataset)
-    metrics = train.evaluate(
+    metrics = evaluation.evaluate(
         model, dataset, data_dir=data_dir, batch_size=FLAGS.batch_size,
         num_examples=FLAGS.num_examples, preprocessing=preprocessing)
     if FLAGS.write_summaries:
-      train.write_eval_summaries(model_dir, step, metrics)
+      run_dir.write_eval_summaries(model_dir, step, metrics)
     print(json.dumps({"global_step": step, "dataset": dataset, **metrics},
                      sort_keys=True), flush=True)
     return step
 
   try:
-    _check_flags()
     model_dir = paths.resolve_path(FLAGS.model_dir)
     data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
-    train.read_run(model_dir)  # A clear error if this is no run at all.
+    run_dir.read_run(model_dir)  # A clear error if this is no run at all.
     if not FLAGS.watch:
       evaluate(FLAGS.checkpoint)
       return
-    train_steps = train.read_run(model_dir)["config"]["train_steps"]
+    train_steps = run_dir.read_run(model_dir)["config"]["train_steps"]
     for path in tf.train.checkpoints_iterator(
         model_dir, min_interval_secs=FLAGS.watch_interval,
         timeout=FLAGS.watch_timeout):
@@ -118,7 +112,7 @@ def main(argv):
         continue
       if step >= train_steps:
         break
-  except (ValueError, input_pipeline.DatasetNotReadyError) as e:
+  except ValueError as e:  # DatasetNotReadyError too.
     raise SystemExit(f"error: {e}") from None
 
 

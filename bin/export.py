@@ -18,7 +18,6 @@ from absl import app
 from absl import flags
 
 from identity_tf import paths
-from identity_tf import serving_client
 
 FLAGS = flags.FLAGS
 
@@ -33,23 +32,18 @@ flags.DEFINE_string("export_dir", None,
                     "EXPORT_DIR/<version>/.")
 flags.DEFINE_integer("version", None,
                      "Version number. Default: one more than the highest in "
-                     "--export_dir (1 if none).")
+                     "--export_dir (1 if none).", lower_bound=1)
 flags.DEFINE_boolean("overwrite", False,
                      "Replace --version if it exists (TF Serving does not "
                      "reload a version it has loaded: roll out new versions "
                      "instead).")
+flags.mark_flags_as_required(["model_dir", "export_dir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
                      f"flags look like --export_dir=BASE")
-  if not FLAGS.model_dir:
-    raise SystemExit("error: --model_dir is required: the directory of a "
-                     "training run (bazel run //bin:train)")
-  if not FLAGS.export_dir:
-    raise SystemExit("error: --export_dir is required: TF Serving's model "
-                     "base path, e.g. --export_dir=serving/my_model")
   model_dir = paths.resolve_path(FLAGS.model_dir)
   export_dir = paths.resolve_path(FLAGS.export_dir)
   checkpoint = FLAGS.checkpoint

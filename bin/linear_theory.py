@@ -8,10 +8,10 @@
 construct: Theorem 2.1 for the d x d float64 matrix in R.npy; writes key `A`
   (shape (L, d, d), float64) to the .npz and prints one JSON object
   {"layers", "d", "gamma", "max_norm", "bound", "residual"} (plus
-  "bound_reviews", the (4 pi + 3 gamma)/l form of the bound).
+  "bound_additive", the (4 pi + 3 gamma)/l form of the bound).
 check: every statement of Section 2 on a random instance; JSON with pass/fail
   per statement; exits 1 if any fails. --bound_power=2 checks (2.3) with
-  sigma_min(Sigma)^2 as the seeds state it (it fails: see docs).
+  sigma_min(Sigma)^2, the squared form (it fails: see docs).
 descend: gradient descent from A = 0 beside the plain parametrisation;
   JSON summary, and a PNG of f - f_opt and |||A||| per step with --plot.
 benchmark: wall-clock seconds of construct or of the gradient for each l.
@@ -39,7 +39,8 @@ flags.DEFINE_string("output", None, "construct: .npz file to write (key A).")
 flags.DEFINE_integer("d", 8, "check/descend/benchmark: dimension d.")
 flags.DEFINE_integer("seed", 0, "check/descend: random seed.")
 flags.DEFINE_integer("bound_power", 1, "check: power of sigma_min(Sigma) in "
-                     "(2.3): 1 (what the argument gives) or 2 (the seeds).")
+                     "(2.3): 1 (what the argument gives) or 2 (the squared "
+                     "form).")
 flags.DEFINE_integer("samples", 200_000, "check: Monte-Carlo samples.")
 flags.DEFINE_integer("steps", 500, "descend: gradient steps.")
 flags.DEFINE_float("step_size", None, "descend: step size (default "

@@ -43,13 +43,13 @@ def main(argv):
     raise SystemExit(f"error: unexpected arguments {argv[1:]}; "
                      "all options are --flags (see --help)")
   # pylint: disable=g-import-not-at-top
-  from identity_tf import input_pipeline
+  from identity_tf import tfds_data
   # pylint: enable=g-import-not-at-top
   data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
   source_dir = (paths.resolve_path(FLAGS.source_dir) if FLAGS.source_dir
                 else None)
   try:
-    path = input_pipeline.prepare(FLAGS.dataset, data_dir, source_dir)
+    path = tfds_data.prepare(FLAGS.dataset, data_dir, source_dir)
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
   print(f"{FLAGS.dataset} is ready in {path}; train with "

@@ -16,7 +16,7 @@ from absl import app
 from absl import flags
 
 from identity_tf import paths
-from identity_tf import serving_client
+from identity_tf import serving_contract
 
 FLAGS = flags.FLAGS
 
@@ -27,20 +27,23 @@ flags.DEFINE_string("server", "localhost:8501",
 flags.DEFINE_string("model_name", None,
                     "The served model's name (tensorflow_model_server "
                     "--model_name).")
-flags.DEFINE_enum("protocol", "rest", list(serving_client.PROTOCOLS),
+flags.DEFINE_enum("protocol", "rest", ["rest", "grpc"],
                   "rest: POST /v1/models/NAME:predict JSON; grpc: "
                   "PredictionService/Predict.")
-flags.DEFINE_string("signature", None,
-                    f"One of {', '.join(serving_client.SIGNATURES)}. Default: "
-                    f"{serving_client.IMAGES_SIGNATURE} for image files, "
-                    f"{serving_client.DEFAULT_SIGNATURE} for .npy arrays.")
+flags.DEFINE_enum("signature", None, list(serving_contract.SIGNATURES),
+                    f"One of {', '.join(serving_contract.SIGNATURES)}. Default: "
+                    f"{serving_contract.IMAGES_SIGNATURE} for image files, "
+                    f"{serving_contract.DEFAULT_SIGNATURE} for .npy arrays.")
 flags.DEFINE_integer("model_version", None,
                      "Ask for this version. Default: the server's choice "
                      "(the latest).")
-flags.DEFINE_integer("top_k", 5, "Classes printed per image.")
+flags.DEFINE_integer("top_k", 5, "Classes printed per image.",
+                     lower_bound=1)
 flags.DEFINE_string("model_info", None,
                     "model_info.json of the export, to print class names.")
-flags.DEFINE_float("timeout", 30.0, "Seconds to wait for each answer.")
+flags.DEFINE_float("timeout", 30.0, "Seconds to wait for each answer.",
+                   lower_bound=1e-3)
+flags.mark_flag_as_required("model_name")
 
 
 def main(argv):
@@ -48,12 +51,8 @@ def main(argv):
   if not input_paths:
     raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "
                      "arrays after the flags")
-  if not FLAGS.model_name:
-    raise SystemExit("error: --model_name is required (the name the server "
-                     "was started with, tensorflow_model_server "
-                     "--model_name)")
-  if FLAGS.top_k < 1:
-    raise SystemExit(f"error: --top_k must be at least 1, got {FLAGS.top_k}")
+  # The client loads TensorFlow (its protos); --help and bad flags do not.
+  from identity_tf import serving_client  # pylint: disable=g-import-not-at-top
   try:
     inputs = [serving_client.read_input(paths.resolve_path(path),
                                         display_name=path)

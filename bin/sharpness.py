@@ -45,17 +45,17 @@ def main(argv):
   from identity_tf import configs
   from identity_tf import input_pipeline
   from identity_tf import optimization
+  from identity_tf import run_dir
   from identity_tf import sharpness
-  from identity_tf import train
   # pylint: enable=g-import-not-at-top
   model_dir = paths.resolve_path(FLAGS.model_dir)
   data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
   try:
-    run = train.read_run(model_dir)
+    run = run_dir.read_run(model_dir)
     if FLAGS.checkpoints:
       steps = [int(s) for s in FLAGS.checkpoints]
     else:
-      steps = sorted(train.checkpoint_step(p[:-len(".index")]) for p in
+      steps = sorted(run_dir.checkpoint_step(p[:-len(".index")]) for p in
                      tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*.index")))
     if not steps:
       raise ValueError(f"no checkpoint in --model_dir={model_dir}")
@@ -70,12 +70,12 @@ def main(argv):
     model = None
     for step in steps:
       if model is None:
-        model, _, _ = train.restore_model(model_dir, step)
+        model, _, _ = run_dir.restore_model(model_dir, step)
         loss = sharpness.loss_function(model, images, labels,
                                        config.weight_decay)
       else:
         tf.train.Checkpoint(model=model).read(
-            train.find_checkpoint(model_dir, step)).expect_partial()
+            run_dir.find_checkpoint(model_dir, step)).expect_partial()
       print(f"step {step}: {FLAGS.iterations} power iterations",
             file=sys.stderr, flush=True)
       value, estimates = sharpness.top_eigenvalue(

@@ -30,13 +30,13 @@ flags.DEFINE_string("dataset", "fashion_mnist",
                     "classification dataset, prepared in --data_dir.")
 flags.DEFINE_string("data_dir", None, "TFDS data directory.")
 flags.DEFINE_float("epochs", 10.0, "Budget of every run, in epochs.",
-                   lower_bound=0.0)
+                   lower_bound=1e-6)
 flags.DEFINE_float("width", None, "Width multiplier of every run (default: "
-                   "each preset's).", lower_bound=0.0)
+                   "each preset's).", lower_bound=1e-6)
 flags.DEFINE_list("arms", None, "Only these arms of the study (default: "
                   "all).")
-flags.DEFINE_list("seeds", None, "These seeds for every arm (default: each "
-                  "arm's).")
+flags.DEFINE_multi_integer("seeds", None, "These seeds for every arm "
+                           "(default: each arm's); repeat the flag for more.")
 flags.DEFINE_string("output_dir", None, "Where the runs and the report go "
                     "(default: runs/study_<study>_<dataset>).")
 flags.DEFINE_boolean("report_only", False, "Write the report from the runs "
@@ -54,20 +54,14 @@ def main(argv):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
                      "all options are --flags (see --help)")
-  if FLAGS.epochs <= 0 or (FLAGS.width is not None and FLAGS.width <= 0):
-    raise SystemExit("error: --epochs and --width must be positive")
-  try:
-    seeds = [int(s) for s in FLAGS.seeds] if FLAGS.seeds else None
-  except ValueError:
-    raise SystemExit(f"error: --seeds takes integers, got "
-                     f"{','.join(FLAGS.seeds)}") from None
+  seeds = FLAGS.seeds or None
   study_config = configs.STUDIES[FLAGS.study]
   output_dir = paths.resolve_path(
       FLAGS.output_dir or f"runs/study_{FLAGS.study}_{FLAGS.dataset}")
   data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
   # pylint: disable=g-import-not-at-top
-  from identity_tf import input_pipeline
   from identity_tf import study
+  from identity_tf import train
   # pylint: enable=g-import-not-at-top
   try:
     if FLAGS.report_only:
@@ -78,7 +72,10 @@ def main(argv):
           study_config, output_dir, dataset=FLAGS.dataset, epochs=FLAGS.epochs,
           data_dir=data_dir, width=FLAGS.width, arms=FLAGS.arms, seeds=seeds,
           echo=_echo)
-  except (ValueError, input_pipeline.DatasetNotReadyError) as e:
+  except train.PreemptedError as e:
+    _echo(f"study stopped: {e}")
+    sys.exit(train.PREEMPTED_EXIT_CODE)
+  except ValueError as e:  # DatasetNotReadyError too.
     raise SystemExit(f"error: {e}") from None
   results.update(dataset=FLAGS.dataset, epochs=FLAGS.epochs,
                  width=FLAGS.width)

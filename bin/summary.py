@@ -13,27 +13,30 @@ import math
 from absl import app
 from absl import flags
 
-import identity_tf
-from identity_tf import layers
-from identity_tf import model as model_lib
+from identity_tf import architectures
+from identity_tf import configs
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string(
-    "model", "cifar10", f"Network: one of {', '.join(sorted(model_lib.MODELS))}.")
-flags.DEFINE_integer("classes", None, "Number of classes (default: the network's).")
-flags.DEFINE_float("width", None, "Width multiplier (1.0 = the paper's widths).")
-flags.DEFINE_list("units", None,
-                  "Residual units per stage: one number for all, or one per stage.")
-flags.DEFINE_bool("norm", None, "Batch-norm pre-activation units (resnet_bn's).")
-flags.DEFINE_enum("head", None, list(model_lib.HEADS),
+flags.DEFINE_enum("model", "cifar10", sorted(architectures.MODELS),
+                  "Network.")
+flags.DEFINE_integer("classes", None,
+                     "Number of classes (default: the network's).")
+flags.DEFINE_float("width", None,
+                   "Width multiplier (1.0 = the paper's widths).")
+flags.DEFINE_list("units", None, "Residual units per stage: one number for "
+                  "all, or one per stage.")
+flags.DEFINE_bool("norm", None,
+                  "Batch-norm pre-activation units (resnet_bn's).")
+flags.DEFINE_enum("head", None, list(architectures.HEADS),
                   "frozen random projection or trainable linear head.")
-flags.DEFINE_enum("init", None, list(layers.INIT_SCHEMES),
+flags.DEFINE_enum("init", None, list(architectures.INIT_SCHEMES),
                   "Initialisation scheme.")
 flags.DEFINE_integer("image_size", None, "Input height and width.")
-flags.DEFINE_enum("residual", None, list(layers.RESIDUALS),
+flags.DEFINE_enum("residual", None, list(architectures.RESIDUALS),
                   "Residual branch: the paper's plain one, SkipInit's zero "
                   "gain or Fixup.")
-flags.DEFINE_enum("projection_scale", None, list(layers.PROJECTION_SCALES),
+flags.DEFINE_enum("projection_scale", None,
+                  list(architectures.PROJECTION_SCALES),
                   "Variance of the projection's entries: 1/classes or 1/d.")
 
 
@@ -41,11 +44,7 @@ def model_options_from_flags():
   """The build_model options the user set on the command line."""
   units = FLAGS.units
   if units is not None:
-    try:
-      units = [int(u) for u in units]
-    except ValueError:
-      raise ValueError(f"--units takes integers, got {','.join(units)}") from None
-    units = units[0] if len(units) == 1 else units
+    units = configs.parse_integers("units", units)
   return dict(classes=FLAGS.classes, width=FLAGS.width, units=units,
               norm=FLAGS.norm, head=FLAGS.head, init=FLAGS.init,
               image_size=FLAGS.image_size, residual=FLAGS.residual,
@@ -58,6 +57,7 @@ def _count(weights):
 
 def layer_options(layer):
   """The options that change what a layer computes, as short text."""
+  from identity_tf import layers  # pylint: disable=g-import-not-at-top
   if isinstance(layer, layers.ConvResidualUnit):
     return f"residual={layer.residual}"
   if isinstance(layer, layers.RandomProjection):
@@ -69,6 +69,7 @@ def layer_options(layer):
 def print_layer_table(model):
   """One row per layer and per layer inside a residual unit (plain text, so
   it survives pipes and logs)."""
+  from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
   row = "{:<30} {:<22} {:<16} {:>12} {:>14}  {}"
   print(row.format("layer", "type", "output shape", "trainable",
                    "non-trainable", "options"))
@@ -79,7 +80,7 @@ def print_layer_table(model):
                      f"{_count(layer.trainable_weights):,}",
                      f"{_count(layer.non_trainable_weights):,}",
                      layer_options(layer)))
-    for sub in layer._flatten_layers(include_self=False, recursive=False):
+    for sub in model_lib.sublayers(layer):
       print(row.format("  " + sub.name, type(sub).__name__, "",
                        f"{_count(sub.trainable_weights):,}",
                        f"{_count(sub.non_trainable_weights):,}", ""))
@@ -90,12 +91,16 @@ def main(argv):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {argv[1:]}; "
                      "all options are --flags (see --help)")
+  # Checked before TensorFlow loads, with the one validator of the options.
   try:
-    model = identity_tf.build_model(FLAGS.model, **model_options_from_flags())
+    options = model_options_from_flags()
+    architectures.resolve_options(FLAGS.model, **options)
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
+  from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
+  model = model_lib.build_model(FLAGS.model, **options)
   print_layer_table(model)
-  totals = identity_tf.describe(model)
+  totals = model_lib.describe(model)
   print(f"Convolutions:          {totals['convolutions']:>12,}")
   print(f"Trainable weights:     {totals['trainable_weights']:>12,}")
   print(f"Non-trainable weights: {totals['non_trainable_weights']:>12,}"

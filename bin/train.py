@@ -7,8 +7,9 @@
         --model_dir=runs/c10 --learning_rate=0.1
 
 A preset (identity_tf/configs.py) gives every hyper-parameter; each flag
-that is set overrides the preset's value. The resolved configuration is
-printed and written to MODEL_DIR/config.json. See docs/training.md.
+that is set overrides the preset's value. The resolved configuration and the
+progress lines go to stderr and MODEL_DIR/config.json; what the run reached
+and where its files are go to stdout. See docs/training.md.
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from identity_tf import architectures
 from identity_tf import configs
 from identity_tf import paths
 
@@ -50,14 +52,14 @@ _HELP = {
                "classification dataset, e.g. cifar10, fashion_mnist.",
     "width": "Multiplier of every layer width (1.0 = the paper's).",
     "units": "Residual units per stage: one integer, or one per stage.",
-    "init": f"Initialisation: {', '.join(configs.INITS)} (default: the "
+    "init": f"Initialisation: {', '.join(architectures.INIT_SCHEMES)} (default: the "
             "model's).",
-    "head": f"Final projection: {', '.join(configs.HEADS)} (default: the "
+    "head": f"Final projection: {', '.join(architectures.HEADS)} (default: the "
             "model's).",
     "norm": "Batch-norm pre-activation units (default: the model's).",
     "use_bias": "Biases in the convolutions.",
     "seed": "Seeds the initial weights, the projection and the data order.",
-    "residual": f"Residual branch: {', '.join(configs.RESIDUALS)} "
+    "residual": f"Residual branch: {', '.join(architectures.RESIDUALS)} "
                 "(SkipInit's zero gain, Fixup; default plain).",
     "projection_scale": "Variance of the random projection's entries: "
                         "classes (1/classes, the default) or features (1/d).",
@@ -116,72 +118,46 @@ def _overrides():
           if f.name != "preset"}
 
 
-def _echo(line):
+def _progress(line):
+  print(line, file=sys.stderr, flush=True)
+
+
+def _result(line):
   print(line, flush=True)
+
+
+def _stored_config(model_dir):
+  """The Config stored in MODEL_DIR/config.json, or None if there is none."""
+  if not model_dir:
+    return None
+  path = os.path.join(model_dir, "config.json")
+  if "://" in path:  # A filesystem only TensorFlow reads (gs://...).
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from identity_tf import run_dir  # pylint: disable=g-import-not-at-top
+    return (configs.from_dict(run_dir.read_run(model_dir)["config"])
+            if tf.io.gfile.exists(path) else None)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return configs.from_dict(json.load(f)["config"])
 
 
 def _resolve():
   """(config, model_dir) from the flags; ValueError if they are bad.
 
-  Pure Python, so bad flags are reported before TensorFlow loads.
+  Pure Python (but for gs:// model_dirs), so bad flags are reported before
+  TensorFlow loads.
   """
   model_dir = paths.resolve_path(FLAGS.model_dir) if FLAGS.model_dir else None
-  stored = model_dir and os.path.join(model_dir, "config.json")
-  if FLAGS.preset is None and stored and "://" in stored:
-    from identity_tf import train  # pylint: disable=g-import-not-at-top
-    if train.tf.io.gfile.exists(stored):
-      base = configs.from_dict(train.read_run(model_dir)["config"])
-      return configs.override(base, **_overrides()), model_dir
-  elif FLAGS.preset is None and stored and os.path.exists(stored):
-    with open(stored) as f:
-      base = configs.from_dict(json.load(f)["config"])
-    return configs.override(base, **_overrides()), model_dir
+  stored = _stored_config(model_dir) if FLAGS.preset is None else None
+  if stored is not None:
+    return configs.override(stored, **_overrides()), model_dir
   config = configs.resolve(FLAGS.preset or "smoke", **_overrides())
   return config, model_dir or configs.default_model_dir(config.preset)
 
 
-def main(argv):
-  # TensorFlow logs every checkpoint write at INFO; keep the terminal for the
-  # progress lines unless --verbosity asks for more.
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
-                     f"flags look like --train_steps=100")
-  # Under parameter_server, workers and parameter servers only serve.
-  if FLAGS.strategy == "parameter_server":
-    from identity_tf import train  # pylint: disable=g-import-not-at-top
-    if train.run_parameter_server_task():
-      return
-  try:
-    config, model_dir = _resolve()
-  except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
-
-  # pylint: disable=g-import-not-at-top
-  from identity_tf import input_pipeline
-  from identity_tf import train
-  # pylint: enable=g-import-not-at-top
-  data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
-  try:
-    info = input_pipeline.dataset_info(config.dataset, data_dir)
-    _echo(json.dumps(train.describe_run(config, info, model_dir=model_dir),
-                     indent=2, sort_keys=True))
-    if FLAGS.dry_run:
-      train.check_resumable(model_dir, config)
-      train.write_run(model_dir, train.describe_run(config, info))
-      _echo(f"dry run: wrote {os.path.join(model_dir, train.CONFIG_FILE)}")
-      return
-    result = train.train(config, model_dir, data_dir=data_dir,
-                         tpu=FLAGS.tpu, echo=_echo)
-  except train.PreemptedError as e:
-    print(str(e), file=sys.stderr, flush=True)
-    sys.exit(train.PREEMPTED_EXIT_CODE)
-  except (ValueError, input_pipeline.DatasetNotReadyError) as e:
-    raise SystemExit(f"error: {e}") from None
-
-  if not train.is_chief():
-    return
+def _summary(result, config, model_dir):
+  """The lines that end a run: what it reached and where things are."""
   summary = f"done: step {result['step']}"
   if result["train_top1"] is not None:
     summary += (f", training top-1 {result['train_top1']:.4f} over the last "
@@ -191,15 +167,60 @@ def main(argv):
     summary += (f", evaluation top-1 {evaluation['top1']:.4f} (top-5 "
                 f"{evaluation['top5']:.4f}, loss {evaluation['loss']:.4f}) on "
                 f"{evaluation['examples']} {config.dataset} examples")
-  _echo(summary)
-  _echo(f"checkpoints: {model_dir}")
   # The tensorboard next to this interpreter (.venv's under ./bazelw) is the
   # one that is installed; a bare `tensorboard` may not be on PATH.
   tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
   if not os.path.exists(tensorboard):
     tensorboard = "tensorboard"
-  _echo(f"TensorBoard: {tensorboard} --logdir {model_dir}")
-  _echo(f"evaluate:    bazel run //bin:evaluate -- --model_dir={model_dir}")
+  return [summary, f"checkpoints: {model_dir}",
+          f"TensorBoard: {tensorboard} --logdir {model_dir}",
+          f"evaluate:    bazel run //bin:evaluate -- --model_dir={model_dir}"]
+
+
+def main(argv):
+  # TensorFlow logs every checkpoint write at INFO; keep the terminal for the
+  # progress lines unless --verbosity asks for more.
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  if len(argv) > 1:
+    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
+                     "flags look like --train_steps=100")
+  try:
+    config, model_dir = _resolve()
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+
+  # pylint: disable=g-import-not-at-top
+  from identity_tf import distribute
+  from identity_tf import run_dir
+  from identity_tf import tfds_data
+  from identity_tf import train
+  # pylint: enable=g-import-not-at-top
+  data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
+  try:
+    # Under parameter_server, workers and parameter servers only serve.
+    if (config.strategy == "parameter_server" and
+        distribute.run_parameter_server_task()):
+      return
+    info = tfds_data.dataset_info(config.dataset, data_dir)
+    _progress(json.dumps(run_dir.describe_run(config, info,
+                                              model_dir=model_dir),
+                         indent=2, sort_keys=True))
+    if FLAGS.dry_run:
+      run_dir.check_resumable(model_dir, config)
+      run_dir.write_run(model_dir, run_dir.describe_run(config, info))
+      _result(f"dry run: wrote {os.path.join(model_dir, run_dir.CONFIG_FILE)}")
+      return
+    result = train.train(config, model_dir, data_dir=data_dir,
+                         tpu=FLAGS.tpu, echo=_progress)
+  except train.PreemptedError as e:
+    _progress(str(e))
+    sys.exit(train.PREEMPTED_EXIT_CODE)
+  except ValueError as e:  # DatasetNotReadyError and NaN stops too.
+    raise SystemExit(f"error: {e}") from None
+  if distribute.is_chief():
+    for line in _summary(result, config, model_dir):
+      _result(line)
 
 
 if __name__ == "__main__":

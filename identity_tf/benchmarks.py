@@ -15,7 +15,6 @@
 """
 
 import datetime
-import math
 import os
 import platform
 import statistics
@@ -243,11 +242,12 @@ def make_train_step(config, images, labels, strategy=None, tpu=None):
   loss, correct predictions, examples], model).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from identity_tf import input_pipeline  # pylint: disable=g-import-not-at-top
+  from identity_tf import distribute  # pylint: disable=g-import-not-at-top
+  from identity_tf import tfds_data  # pylint: disable=g-import-not-at-top
   from identity_tf import train  # pylint: disable=g-import-not-at-top
-  strategy = strategy or train.create_strategy(config.strategy, tpu)
+  strategy = strategy or distribute.create_strategy(config.strategy, tpu)
   # The classes of CONFIG's dataset; its data is not read.
-  info = input_pipeline.dataset_info(config.dataset)
+  info = tfds_data.dataset_info(config.dataset)
   with strategy.scope():
     model = train.build_model(config, info)
     optimizer = train.build_optimizer(config, info)
@@ -389,12 +389,3 @@ def torch_batch(images, labels, channels_last=False):
     x = x.contiguous(memory_format=torch.channels_last)
   return x, torch.from_numpy(labels.astype(np.int64))
 
-
-def parameter_shapes(network):
-  """[(name, shape)] of a PyTorch module's trainable parameters."""
-  return [(name, tuple(p.shape)) for name, p in network.named_parameters()
-          if p.requires_grad]
-
-
-def count(shapes):
-  return sum(math.prod(shape) for shape in shapes)

@@ -2,9 +2,11 @@
 
 Every hyper-parameter of a run lives in one `Config` (the spirit of the 2016
 tensorflow/models resnet's single `HParams` tuple and big_vision's configs as
-code). `PRESETS` holds the paper's runs and a smoke run; `resolve` applies
-overrides (the training binary's flags) on top of a preset and validates the
-result; `to_json` / `from_json` round-trip it through `model_dir/config.json`.
+code). `PRESETS` holds the paper's runs and a smoke run, `STUDIES` the grids
+of //bin:study; `resolve` applies overrides (the training binary's flags) on
+top of a preset and validates the result; `to_dict` / `from_dict` round-trip
+it through `model_dir/config.json`. Pure Python: importing it does not load
+TensorFlow, so flags are checked at once.
 
 Sources, Hardt & Ma, "Identity Matters in Deep Learning" (ICLR 2017):
 
@@ -17,29 +19,24 @@ Sources, Hardt & Ma, "Identity Matters in Deep Learning" (ICLR 2017):
   `parameter_server` strategy), batch size 256, learning rate 0.1 decayed by a
   factor 0.94 every 2 epochs, momentum 0.9.
 * `smoke` -- ours: a narrow, shallow member of the same family on the built-in
-  `synthetic` dataset, a few hundred steps, minutes on two CPU cores.
+  `synthetic` dataset, a few hundred steps (README.md has the time).
 
 Values the paper does not state are marked "ours" below and in
 docs/training.md.
 """
 
 import dataclasses
-import json
 import os
 
-from identity_tf import layers
-from identity_tf import model as model_lib
+from identity_tf import architectures
 from identity_tf import paths
 
-# Names of the learning-rate schedules (see `train.learning_rate_schedule`).
+# Names of the learning-rate schedules (`optimization.learning_rate_schedule`)
+# and of the strategies (`distribute.create_strategy`).
 SCHEDULES = ("piecewise", "exponential", "constant")
 STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu",
               "parameter_server")
-MODELS = tuple(sorted(model_lib.MODELS))
-INITS = layers.INIT_SCHEMES
-HEADS = model_lib.HEADS
-RESIDUALS = layers.RESIDUALS
-PROJECTION_SCALES = layers.PROJECTION_SCALES
+MODELS = tuple(sorted(architectures.MODELS))
 
 # The fields that define the network and its input; a model_dir holds one
 # such network, so resuming with different values is refused.
@@ -54,7 +51,7 @@ class Config:
   Attributes are grouped: the network (`identity_tf.build_model` options), the
   data, the optimiser, bookkeeping, and how the run is distributed. Derived
   values (the classes and preprocessing of the dataset) are not stored here;
-  `train.describe_run` adds them to config.json.
+  `run_dir.describe_run` adds them to config.json.
   """
   preset: str = "custom"
   # The network. None: the model's own default (`model.MODELS`): the paper's
@@ -146,8 +143,7 @@ PRESETS = {
         _CIFAR10_LITERAL, preset="cifar100_paper_literal", model="cifar100",
         dataset="cifar100"),
     "imagenet_paper_literal": _IMAGENET_LITERAL,
-    # Ours: two to three minutes on two CPU cores (docs/training.md has the
-    # measured time). A constant rate: the run is too short for a schedule;
+    # Ours (README.md has the measured time). A constant rate: the run is too short for a schedule;
     # 0.01 because without normalisation this shallow, narrow net diverges
     # at 0.02 and above within a few hundred steps.
     "smoke": Config(
@@ -252,11 +248,12 @@ def validate(config):
     if value not in valid and not (optional and value is None):
       raise ValueError(f"--{name} must be one of {', '.join(valid)}; "
                        f"got {value!r}")
-  one_of("model", MODELS)
-  one_of("init", INITS, optional=True)
-  one_of("head", HEADS, optional=True)
-  one_of("residual", RESIDUALS, optional=True)
-  one_of("projection_scale", PROJECTION_SCALES, optional=True)
+  # The network's options have one validator, the architecture table's.
+  architectures.resolve_options(
+      config.model, width=config.width, units=config.units, init=config.init,
+      head=config.head, norm=config.norm, use_bias=config.use_bias,
+      seed=config.seed, residual=config.residual,
+      projection_scale=config.projection_scale)
   one_of("lr_schedule", SCHEDULES)
   one_of("strategy", STRATEGIES)
   # Which datasets exist is TFDS's to say (when the run starts); here only
@@ -266,11 +263,7 @@ def validate(config):
     raise ValueError(f"--dataset must be synthetic or a TFDS dataset name "
                      f"such as cifar10 or fashion_mnist; got "
                      f"{config.dataset!r}")
-  if config.norm and config.residual not in (None, "plain"):
-    raise ValueError(f"--residual={config.residual} re-parametrises the "
-                     "normalisation-free unit; it does not combine with "
-                     "--norm (the batch-norm baseline)")
-  for name in ("width", "batch_size", "train_steps", "learning_rate",
+  for name in ("batch_size", "train_steps", "learning_rate",
                "checkpoint_steps", "keep_checkpoints", "log_steps",
                "steps_per_loop", "eval_batch_size", "lr_decay_factor",
                "lr_decay_epochs"):
@@ -283,28 +276,27 @@ def validate(config):
   if not 0 <= config.momentum < 1:
     raise ValueError(f"--momentum must be in [0, 1), got {config.momentum}")
   _non_negative(config, "weight_decay")
-  stages = 4 if config.model == "imagenet" else 3
-  if config.units is not None and (
-      len(config.units) not in (1, stages) or any(u < 1 for u in config.units)):
-    raise ValueError(f"--units must be one positive integer or {stages} (one "
-                     f"per stage of --model={config.model}), got "
-                     f"{','.join(map(str, config.units))}")
   boundaries = list(config.lr_boundaries)
   if any(b <= 0 for b in boundaries) or boundaries != sorted(set(boundaries)):
     raise ValueError(f"--lr_boundaries must be increasing positive steps, "
                      f"got {boundaries}")
 
 
+def parse_integers(name, value):
+  """"1,2" or ["1", "2"] (a flag's value) -> (1, 2); ValueError naming NAME."""
+  if isinstance(value, str):
+    value = [v for v in value.replace(" ", "").split(",") if v]
+  try:
+    return tuple(int(v) for v in value)
+  except (TypeError, ValueError):
+    raise ValueError(f"--{name} must be comma-separated integers, "
+                     f"got {value!r}") from None
+
+
 def _coerce(name, value):
   """Converts a flag value to the type of the Config field NAME."""
   if name in ("units", "lr_boundaries"):
-    if isinstance(value, str):
-      value = [v for v in value.replace(" ", "").split(",") if v]
-    try:
-      return tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-      raise ValueError(f"--{name} must be comma-separated integers, "
-                       f"got {value!r}") from None
+    return parse_integers(name, value)
   return value
 
 
@@ -339,10 +331,6 @@ def from_dict(values):
   known = {name: _coerce(name, value) if value is not None else None
            for name, value in values.items() if name in _FIELDS}
   return Config(**known)
-
-
-def to_json(config):
-  return json.dumps(to_dict(config), indent=2, sort_keys=True)
 
 
 def default_model_dir(preset):

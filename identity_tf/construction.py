@@ -25,9 +25,10 @@ on the sphere, the lemma margin after the projection (a draw that spoils it is
 retried with a new seed, then with a wider k), and float64 rounding bounds.
 Inputs closer than `smallest_separation(k)` on the sphere are rejected.
 
-`model.keras` files written by `build_keras_model` need
-`import identity_tf.construction` before `keras.models.load_model`, which
-registers `SphereProjection` and `ReluReadout`.
+This module is the construction in NumPy; `construction_model` is the same
+network as a Keras model, `construction_sgd` the contrast of training that
+architecture by SGD, and `construction_run` what //bin:construct does with
+them (build, verify, write the files).
 """
 
 import concurrent.futures
@@ -37,13 +38,8 @@ import os
 import threading
 import time
 
-import keras
 import numpy as np
-from keras import ops
 
-from identity_tf import layers
-
-PACKAGE = layers.PACKAGE
 # Unit roundoff of float64.
 UNIT_ROUNDOFF = np.finfo(np.float64).eps / 2
 UNIT_ROUNDOFF_32 = float(np.finfo(np.float32).eps) / 2
@@ -314,7 +310,7 @@ def jl_width(n, gap):
       JL_CONSTANT * math.log(max(n, 2)) / gap ** 2)))
 
 
-def _draw(rng, k, dim, r):
+def draw_projection(rng, k, dim, r):
   """A0 (k, dim) and unit surrogates Q (r, k) for one projection draw."""
   gaussian = rng.standard_normal((k, dim))
   if k >= dim:
@@ -432,7 +428,7 @@ def construct(x, y, num_classes=None, seed=0, log=None):
   for draw in range(MAX_DRAWS):
     draw_seed = (int(seed), draw)
     rng = np.random.default_rng(draw_seed)
-    a0, q, mode = _draw(rng, k, dim, r)
+    a0, q, mode = draw_projection(rng, k, dim, r)
     alpha = z @ a0.T
     if mode == "isometry":
       # Inner products are preserved up to rounding.
@@ -576,277 +572,3 @@ def save_weights(weights, path):
 def load_weights(path):
   with np.load(path) as data:
     return {key: data[key] for key in data.files}
-
-
-# ----------------------------------------------------------------- keras
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class SphereProjection(keras.layers.Layer):
-  """x -> A0 z with z = concat((x - mu)/s, [t]) / norm (Assumption 3.1 + JL).
-
-  mu, s, t and A0 (units x (d + 1)) are non-trainable weights: fixed by the
-  construction, or drawn once and kept fixed when the architecture is
-  trained (the paper's random projection is not trained either).
-  """
-
-  def __init__(self, units, **kwargs):
-    super().__init__(trainable=False, **kwargs)
-    self.units = int(units)
-
-  def build(self, input_shape):
-    d = input_shape[-1]
-    self.mu = self.add_weight(name="mu", shape=(d,), initializer="zeros",
-                              trainable=False)
-    self.scale = self.add_weight(name="s", shape=(), initializer="ones",
-                                 trainable=False)
-    self.offset = self.add_weight(name="t", shape=(), initializer="ones",
-                                  trainable=False)
-    self.projection = self.add_weight(
-        name="A0", shape=(self.units, d + 1), initializer="zeros",
-        trainable=False)
-
-  def call(self, x):
-    centred = (x - self.mu) / self.scale
-    column = ops.ones_like(centred[..., :1]) * self.offset
-    z = ops.concatenate([centred, column], axis=-1)
-    z = z / ops.sqrt(ops.sum(z * z, axis=-1, keepdims=True))
-    return ops.matmul(z, ops.transpose(self.projection))
-
-  def set_values(self, mu, s, t, a0):
-    self.mu.assign(mu)
-    self.scale.assign(s)
-    self.offset.assign(t)
-    self.projection.assign(a0)
-
-  def compute_output_shape(self, input_shape):
-    return (*input_shape[:-1], self.units)
-
-  def get_config(self):
-    return {**super().get_config(), "units": self.units}
-
-  @classmethod
-  def from_config(cls, config):
-    config = {key: value for key, value in config.items()
-              if key != "trainable"}
-    return cls(**config)
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class ReluReadout(keras.layers.Layer):
-  """The final map of Theorem 3.2: logits = V_out relu(U_out h + b_out).
-
-  `hidden` ReLUs (m), `units` classes (r). Kernels are stored transposed
-  (Keras's row vectors); `set_matrices` takes the paper's column-vector
-  U_out (m, k), b_out (m,), V_out (r, m).
-  """
-
-  def __init__(self, hidden, units, kernel_initializer="zeros", **kwargs):
-    super().__init__(**kwargs)
-    self.hidden = int(hidden)
-    self.units = int(units)
-    self.kernel_initializer = kernel_initializer
-
-  def _initializer(self, seed):
-    if self.kernel_initializer in layers.INIT_SCHEMES:
-      return layers.ResidualInitializer(self.kernel_initializer, seed=seed)
-    return self.kernel_initializer
-
-  def build(self, input_shape):
-    k = input_shape[-1]
-    self.u_kernel = self.add_weight(
-        name="u_kernel", shape=(k, self.hidden), initializer=self._initializer(1))
-    self.bias = self.add_weight(name="bias", shape=(self.hidden,),
-                                initializer="zeros")
-    self.v_kernel = self.add_weight(
-        name="v_kernel", shape=(self.hidden, self.units),
-        initializer=self._initializer(2))
-
-  def call(self, h):
-    return ops.matmul(ops.relu(ops.matmul(h, self.u_kernel) + self.bias),
-                      self.v_kernel)
-
-  def set_matrices(self, u_out, b_out, v_out):
-    self.u_kernel.assign(np.transpose(u_out))
-    self.bias.assign(b_out)
-    self.v_kernel.assign(np.transpose(v_out))
-
-  def compute_output_shape(self, input_shape):
-    return (*input_shape[:-1], self.units)
-
-  def get_config(self):
-    return {**super().get_config(), "hidden": self.hidden,
-            "units": self.units,
-            "kernel_initializer": self.kernel_initializer}
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class ResidualConstruction(keras.Model):
-  """The network shape of Theorem 3.2 as a Keras model.
-
-  SphereProjection (mu, s, t, A0) -> NUM_UNITS `layers.DenseResidualUnit`s of
-  width WIDTH -> ReluReadout (HIDDEN ReLUs, CLASSES logits). A subclassed
-  model rather than a functional one: a functional graph thousands of layers
-  deep exceeds Python's recursion limit when Keras walks it. INIT is the
-  residual units' and readout's initializer ("paper" for the paper's
-  Gaussian, "zeros" when the construction sets the weights).
-  """
-
-  def __init__(self, input_dim, width, num_units, hidden, classes,
-               init="zeros", seed=0, **kwargs):
-    super().__init__(**kwargs)
-    self.input_dim = int(input_dim)
-    self.width = int(width)
-    self.num_units = int(num_units)
-    self.hidden = int(hidden)
-    self.classes = int(classes)
-    self.init = init
-    self.seed = int(seed)
-    dtype = self.dtype_policy
-    self.projection = SphereProjection(self.width, dtype=dtype,
-                                       name="sphere_projection")
-    self.residual_units = [
-        layers.DenseResidualUnit(
-            kernel_initializer=init,
-            seed=None if init == "zeros" else self.seed * 100003 + 2 * unit,
-            dtype=dtype, name=f"unit{unit + 1}")
-        for unit in range(self.num_units)]
-    self.readout = ReluReadout(self.hidden, self.classes,
-                               kernel_initializer=init, dtype=dtype,
-                               name="readout")
-
-  def build(self, input_shape):
-    shape = (None, self.input_dim)
-    self.projection.build(shape)
-    shape = (None, self.width)
-    for unit in self.residual_units:
-      unit.build(shape)
-    self.readout.build(shape)
-
-  def call(self, x):
-    h = self.projection(x)
-    for unit in self.residual_units:
-      h = unit(h)
-    return self.readout(h)
-
-  def compute_output_shape(self, input_shape):
-    return (*input_shape[:-1], self.classes)
-
-  def get_config(self):
-    return {"input_dim": self.input_dim, "width": self.width,
-            "num_units": self.num_units, "hidden": self.hidden,
-            "classes": self.classes, "init": self.init, "seed": self.seed,
-            "name": self.name,
-            "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
-
-  @classmethod
-  def from_config(cls, config):
-    config = dict(config)
-    if isinstance(config.get("dtype"), dict):
-      config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
-    return cls(**config)
-
-
-def build_architecture(d, k, num_units, hidden, classes, init="zeros",
-                       dtype="float64", seed=0):
-  """A built `ResidualConstruction` (weights initialised by INIT)."""
-  model = ResidualConstruction(d, k, num_units, hidden, classes, init=init,
-                               seed=seed, dtype=dtype, name="theorem_3_2")
-  model.build((None, d))
-  return model
-
-
-def build_keras_model(weights):
-  """The function encoded by WEIGHTS, built from the library's layers."""
-  d = weights["mu"].shape[0]
-  num_units, k = weights["U"].shape[:2]
-  model = build_architecture(d, k, num_units, weights["U_out"].shape[0],
-                             weights["V_out"].shape[0])
-  model.projection.set_values(
-      weights["mu"], weights["s"], weights["t"], weights["A0"])
-  for unit, layer in enumerate(model.residual_units):
-    layer.set_matrices(weights["U"][unit], weights["V"][unit],
-                       weights["b"][unit])
-  model.readout.set_matrices(
-      weights["U_out"], weights["b_out"], weights["V_out"])
-  return model
-
-
-def keras_logits(model, x, batch_size=4096):
-  """MODEL's logits on X in float64, batch by batch.
-
-  Calls the model directly: `model.predict` on a NumPy float64 array casts it
-  to float32 first (Keras's floatx), which moves inputs by ~1e-8 relative --
-  enough to spoil inputs that are close together.
-  """
-  x = np.asarray(x, np.float64)
-  return np.concatenate([
-      np.asarray(model(x[start:start + batch_size]))
-      for start in range(0, len(x), batch_size)]) if len(x) else np.zeros(
-          (0, model.classes))
-
-
-# ------------------------------------------------------------------ data
-
-
-def load_tfds(name, num_examples, data_dir=None):
-  """The first NUM_EXAMPLES training images of dataset NAME, flattened.
-
-  NAME is any TFDS image-classification dataset (or `synthetic`), read by
-  the input pipeline's loader (`input_pipeline.load_arrays`): never
-  downloads, and a dataset that is not prepared in DATA_DIR raises
-  ValueError saying how to prepare it. The raw pixels are used as they are
-  stored (grayscale stays one channel per pixel).
-
-  Returns (x float64 (n, pixels), y int64, number of classes).
-  """
-  from identity_tf import input_pipeline  # pylint: disable=g-import-not-at-top
-  _check(num_examples >= 1, f"--num_examples must be >= 1, got {num_examples}")
-  info = input_pipeline.dataset_info(name, data_dir)
-  images, labels, info = input_pipeline.load_arrays(
-      name, info.train_split, data_dir, num_examples)
-  _check(len(labels), f"dataset {name!r} has no training examples")
-  x = images.reshape(len(images), -1).astype(np.float64)
-  return x, labels.astype(np.int64), info.num_classes
-
-
-# ------------------------------------------------------------------- sgd
-
-
-def train_by_sgd(x, y, num_classes, k, num_units, steps, batch_size=128,
-                 learning_rate=0.1, seed=0, log=None):
-  """The contrast: the same architecture trained by SGD from the paper's init.
-
-  Same normalisation and a fixed Gaussian A0 (as in the construction), L
-  DenseResidualUnits of width k and a ReLU readout with r hidden units,
-  initialised with the paper's Gaussian (std 1/k), trained on the
-  cross-entropy with SGD + momentum 0.9. Returns a list of (step, training
-  accuracy) every `steps // 20` steps, float32 for speed.
-  """
-  log = log or (lambda message: None)
-  x, y, r = validate(x, y, num_classes)
-  mu, s, t = normalization(x)
-  dim = x.shape[1] + 1
-  a0, _, _ = _draw(np.random.default_rng((seed, 0)), k, dim, r)
-  keras.utils.set_random_seed(seed)
-  model = build_architecture(x.shape[1], k, num_units, r, r, init="paper",
-                             dtype="float32", seed=seed)
-  model.projection.set_values(mu, s, t, a0)
-  model.compile(
-      optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
-      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-  x32 = x.astype(np.float32)
-  rng = np.random.default_rng(seed)
-  history = []
-  every = max(1, steps // 20)
-  for step in range(1, steps + 1):
-    batch = rng.integers(0, len(x), size=min(batch_size, len(x)))
-    model.train_on_batch(x32[batch], y[batch])
-    if step % every == 0 or step == steps:
-      logits = np.asarray(model(x32))
-      fit = float(np.mean(np.argmax(logits, axis=1) == y))
-      history.append((step, fit))
-      log(f"  sgd step {step}: training accuracy {fit:.4f}")
-      if fit == 1.0:
-        break
-  return history

@@ -1,7 +1,7 @@
 """Export of a trained run as a versioned SavedModel for TF Serving.
 
 `export_run(model_dir, export_dir)` restores the run's checkpoint
-(`train.restore_model`) and writes `EXPORT_DIR/<version>/`, the layout TF
+(`run_dir.restore_model`) and writes `EXPORT_DIR/<version>/`, the layout TF
 Serving's `--model_base_path` expects, holding:
 
 * a SavedModel whose signatures carry the run's evaluation preprocessing, so
@@ -36,10 +36,11 @@ import uuid
 import keras
 import tensorflow as tf
 
-from identity_tf import input_pipeline
-from identity_tf import serving_client
+from identity_tf import datasets
+from identity_tf import preprocessing as prep
+from identity_tf import serving_contract
 
-MODEL_INFO_FILE = "model_info.json"
+MODEL_INFO_FILE = serving_contract.MODEL_INFO_FILE
 # Prefixes of the hidden directories of an export in progress (or of a
 # version being replaced); TF Serving ignores them: not integers.
 _TEMPORARY_PREFIX = ".export-tmp-"
@@ -122,18 +123,18 @@ class ServingModule:
     # The raw images the model was trained on: [H, W, C] for CIFAR-style
     # models (zero-padded in the graph), [None, None, C] for ImageNet-style
     # ones (resized and cropped in the graph).
-    self._input_shape = input_pipeline.input_shape(self._preprocessing)
+    self._input_shape = datasets.input_shape(self._preprocessing)
     self._fixed_size = preprocessing["kind"] == "cifar"
 
   def input_signatures(self):
     """{signature name: (function, input signature)}."""
     return {
-        serving_client.DEFAULT_SIGNATURE: (self._serve_pixels, [
+        serving_contract.DEFAULT_SIGNATURE: (self._serve_pixels, [
             tf.TensorSpec([None, *self._input_shape], tf.float32,
-                          name=serving_client.INPUT_KEY)]),
-        serving_client.IMAGES_SIGNATURE: (self._serve_encoded, [
+                          name=serving_contract.INPUT_KEY)]),
+        serving_contract.IMAGES_SIGNATURE: (self._serve_encoded, [
             tf.TensorSpec([None], tf.string,
-                          name=serving_client.INPUT_KEY)]),
+                          name=serving_contract.INPUT_KEY)]),
     }
 
   def save(self, path):
@@ -154,8 +155,8 @@ class ServingModule:
     """{probabilities, classes} of preprocessed PIXELS [batch, S, S, 3]."""
     logits = tf.cast(self.model(pixels, training=False), tf.float32)
     return {
-        serving_client.PROBABILITIES_KEY: tf.nn.softmax(logits, axis=-1),
-        serving_client.CLASSES_KEY: tf.argmax(logits, axis=-1,
+        serving_contract.PROBABILITIES_KEY: tf.nn.softmax(logits, axis=-1),
+        serving_contract.CLASSES_KEY: tf.argmax(logits, axis=-1,
                                               output_type=tf.int64),
     }
 
@@ -181,7 +182,7 @@ class ServingModule:
     ]
     with tf.control_dependencies(checks):
       images = tf.identity(images)
-    return self._outputs(input_pipeline.preprocess_for_eval(
+    return self._outputs(prep.preprocess_for_eval(
         images, self._preprocessing))
 
   def _serve_encoded(self, images):
@@ -202,7 +203,7 @@ class ServingModule:
       height_width = tf.shape(image)[:2]
       if self._fixed_size:  # Checked below; any shape may pass through here.
         image = tf.image.resize_with_crop_or_pad(image, height, width)
-      pixels = input_pipeline.preprocess_for_eval(
+      pixels = prep.preprocess_for_eval(
           image[tf.newaxis], self._preprocessing)[0]
       return index, pixels, height_width
 
@@ -256,7 +257,7 @@ def model_info(description, step, *, version, checkpoint=None,
         f"{len(names)} label names; is config.json from this run?")
   size = int(preprocessing["image_size"])
   fixed = preprocessing["kind"] == "cifar"
-  height, width, channels = input_pipeline.input_shape(preprocessing)
+  height, width, channels = datasets.input_shape(preprocessing)
   pixel_shape = [-1, height or -1, width or -1, channels]
   colour = "grayscale" if channels == 1 else "RGB"
   return {
@@ -279,13 +280,13 @@ def model_info(description, step, *, version, checkpoint=None,
       },
       "preprocessing": preprocessing,
       "signatures": {
-          serving_client.DEFAULT_SIGNATURE: {
-              "inputs": {serving_client.INPUT_KEY: {
+          serving_contract.DEFAULT_SIGNATURE: {
+              "inputs": {serving_contract.INPUT_KEY: {
                   "dtype": "float32", "shape": pixel_shape,
                   "values": f"raw {colour} pixels, 0-255"}},
               "outputs": _outputs_info(num_classes)},
-          serving_client.IMAGES_SIGNATURE: {
-              "inputs": {serving_client.INPUT_KEY: {
+          serving_contract.IMAGES_SIGNATURE: {
+              "inputs": {serving_contract.INPUT_KEY: {
                   "dtype": "string", "shape": [-1],
                   "values": "encoded JPEG or PNG files (REST: {\"b64\": ...})"
               }},
@@ -299,10 +300,10 @@ def model_info(description, step, *, version, checkpoint=None,
 
 def _outputs_info(num_classes):
   return {
-      serving_client.PROBABILITIES_KEY: {
+      serving_contract.PROBABILITIES_KEY: {
           "dtype": "float32", "shape": [-1, num_classes],
           "values": "softmax of the logits"},
-      serving_client.CLASSES_KEY: {
+      serving_contract.CLASSES_KEY: {
           "dtype": "int64", "shape": [-1],
           "values": "the most probable class"},
   }
@@ -317,7 +318,7 @@ def export_model(model, description, step, export_dir, *, version=None,
 
   Args:
     model: the Keras model (images -> logits), e.g. from
-      `train.restore_model`.
+      `run_dir.restore_model`.
     description: the run's config.json dict (needs "preprocessing"; "config",
       "dataset" and "model" feed model_info.json).
     step: the checkpoint's global step.
@@ -384,13 +385,13 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
 
   Returns (version, path, model_info dict).
   """
-  from identity_tf import train  # pylint: disable=g-import-not-at-top
+  from identity_tf import run_dir  # pylint: disable=g-import-not-at-top
   choose_version(export_dir, version, overwrite)  # Fail before restoring.
   if not tf.io.gfile.isdir(model_dir):
     raise ValueError(f"--model_dir={model_dir} does not exist; pass the "
                      f"directory of a training run (bazel run //bin:train)")
-  path = train.find_checkpoint(model_dir, checkpoint)
-  model, description, step = train.restore_model(model_dir, path)
+  path = run_dir.find_checkpoint(model_dir, checkpoint)
+  model, description, step = run_dir.restore_model(model_dir, path)
   version, version_dir = export_model(
       model, description, step, export_dir, version=version,
       overwrite=overwrite, checkpoint=path)

@@ -15,20 +15,13 @@ import keras
 import numpy as np
 from keras import ops
 
+from identity_tf import architectures
+
 PACKAGE = "identity_tf"
-INIT_SCHEMES = ("paper", "standard")
-# How a residual unit's branch is parametrised (`ConvResidualUnit`):
-#   plain     x + C2(ReLU(C1 x)), the paper's unit;
-#   skipinit  x + a C2(ReLU(C1 x)) with a trainable scalar a = 0 at init
-#             (SkipInit, De & Smith 2020; ReZero, Bachlechner et al. 2020);
-#   fixup     Fixup (Zhang, Dauphin & Ma 2019): scalar biases and a scalar
-#             multiplier in the branch, C2 = 0 and C1 He-initialised scaled
-#             by L^(-1/2) for L branches.
-RESIDUALS = ("plain", "skipinit", "fixup")
-# The scale of `RandomProjection`'s entries: N(0, 1/classes) (the norm of the
-# features is kept) or N(0, 1/d) (each logit has the variance of one
-# feature, the 2016 resnet's unit-scaling initialiser for its last layer).
-PROJECTION_SCALES = ("classes", "features")
+# The options' values are data (architectures.py); the layers use them.
+INIT_SCHEMES = architectures.INIT_SCHEMES
+RESIDUALS = architectures.RESIDUALS
+PROJECTION_SCALES = architectures.PROJECTION_SCALES
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -269,8 +269,12 @@ def iclr_bound(gamma_value, layers):
   return 2.0 * (math.sqrt(math.pi) + math.sqrt(3.0 * gamma_value)) ** 2 / layers
 
 
-def reviews_bound(gamma_value, layers):
-  """|||A||| <= (4 pi + 3 gamma) / l: Theorem 2.1 as the reviews quote it."""
+def additive_bound(gamma_value, layers):
+  """|||A||| <= (4 pi + 3 gamma) / l: the additive form of Theorem 2.1's bound.
+
+  Neither it nor `iclr_bound`'s form implies the other (docs/linear_theory.md);
+  the construction meets both.
+  """
   return (4.0 * math.pi + 3.0 * gamma_value) / layers
 
 
@@ -485,7 +489,7 @@ def construction_report(r, a):
       "gamma": gamma_value,
       "max_norm": max_layer_norm(a),
       "bound": iclr_bound(gamma_value, layers),
-      "bound_reviews": reviews_bound(gamma_value, layers),
+      "bound_additive": additive_bound(gamma_value, layers),
       "residual": residual,
   }
 
@@ -499,7 +503,7 @@ def gradient_bound(a, r, sigma, tau=None, sigma_power=1):
   s = sigma_min(Sigma)^SIGMA_POWER. The argument of Theorem 2.2 gives power 1:
   ||grad_i||_F = 2 ||S_i^T E Sigma P_{i-1}^T||_F >= 2 (1 - tau)^(l-1) ||E Sigma||_F
   and ||E Sigma||_F >= sigma_min(Sigma)^{1/2} ||E Sigma^{1/2}||_F =
-  sigma_min(Sigma)^{1/2} (f - f_opt)^{1/2}. The seeds' power 2 is weaker when
+  sigma_min(Sigma)^{1/2} (f - f_opt)^{1/2}. The squared form, power 2, is weaker when
   sigma_min(Sigma) <= 1 and false in general when it exceeds 1 (equality case:
   A = 0, Sigma = s I, power 1). TAU defaults to |||A||| and must be < 1.
 
@@ -686,7 +690,7 @@ def run_checks(d=8, layers=20, seed=0, sigma_power=1, samples=200_000,
   ONLY: names of the statements to run (default: all).
 
   SIGMA_POWER is the power of sigma_min(Sigma) checked in (2.3): 1, which the
-  argument gives (see `gradient_bound`), or 2 as the seeds state it (which the
+  argument gives (see `gradient_bound`), or 2, the squared form (which the
   instances with sigma_min(Sigma) > 1 refute).
   """
   say = progress or (lambda message: None)
@@ -730,7 +734,7 @@ def run_checks(d=8, layers=20, seed=0, sigma_power=1, samples=200_000,
     report["gradient_norm"] = float(tf.norm(gradient))
     report["pass"] = (
         report["residual"] <= 1e-9 * max(1.0, float(np.linalg.norm(target)))
-        and report["max_norm"] <= min(report["bound"], report["bound_reviews"]))
+        and report["max_norm"] <= min(report["bound"], report["bound_additive"]))
     return report
 
   def theorem_2_1_errors():
@@ -759,7 +763,7 @@ def run_checks(d=8, layers=20, seed=0, sigma_power=1, samples=200_000,
     # The equality case of the argument: A = 0, Sigma = 2 I.
     instances.append(gradient_bound(np.zeros((layers, d, d)), r,
                                     2.0 * np.eye(d), 0.0, sigma_power))
-    # Power 1 and the seeds' power 2 side by side: rhs_2 = rhs_1 sigma_min.
+    # Power 1 and the squared form's power 2 side by side: rhs_2 = rhs_1 sigma_min.
     def ratio(entry, power):
       rhs = entry["rhs"] * entry["sigma_min"] ** (power - sigma_power)
       return entry["lhs"] / rhs if rhs > 0 else math.inf

@@ -18,99 +18,17 @@ images to logits. Names:
 No network here normalises anything unless `norm=True` (`resnet_bn`).
 """
 
-import dataclasses
 import math
 
 import keras
 
+from identity_tf import architectures
 from identity_tf import layers
 
-# Table 1 / the 34-layer variant. `stem` lists the plain convolutions before
-# the residual stages as (kernel size, channels, stride).
-@dataclasses.dataclass(frozen=True)
-class Architecture:
-  stem: tuple
-  widths: tuple
-  units: tuple
-  strides: tuple
-  image_size: int
-
-
-CIFAR = Architecture(stem=((3, 16, 1),), widths=(64, 128, 256),
-                     units=(9, 9, 9), strides=(1, 2, 2), image_size=32)
-IMAGENET = Architecture(stem=((7, 64, 2), (3, 64, 2)),
-                        widths=(64, 128, 256, 512), units=(3, 4, 6, 3),
-                        strides=(1, 2, 2, 2), image_size=224)
-
-# name -> (architecture, default options)
-MODELS = {
-    "cifar10": (CIFAR, dict(classes=10)),
-    "cifar100": (CIFAR, dict(classes=100)),
-    "imagenet": (IMAGENET, dict(classes=1000)),
-    "resnet_bn": (CIFAR, dict(classes=10, norm=True, head="trainable",
-                              init="standard")),
-}
-DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
-                init="paper", seed=0, image_size=None, use_bias=False,
-                residual="plain", projection_scale="classes")
-HEADS = ("frozen", "trainable")
-
-
-def input_size(name):
-  """The height and width of network NAME's input images (its default)."""
-  _check(name in MODELS,
-         f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
-  return MODELS[name][0].image_size
-
-
-def _check(condition, message):
-  if not condition:
-    raise ValueError(message)
-
-
-def resolve_options(name, **options):
-  """Validates NAME and OPTIONS; returns (architecture, complete options)."""
-  _check(name in MODELS,
-         f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
-  unknown = sorted(set(options) - set(DEFAULTS))
-  _check(not unknown, f"unknown option(s) {', '.join(unknown)} for "
-         f"build_model; valid: {', '.join(sorted(DEFAULTS))}")
-  arch, model_defaults = MODELS[name]
-  opts = {**DEFAULTS, **model_defaults,
-          **{k: v for k, v in options.items() if v is not None}}
-  units = opts["units"] if opts["units"] is not None else arch.units
-  if isinstance(units, int):
-    units = (units,) * len(arch.widths)
-  units = tuple(units)
-  _check(len(units) == len(arch.widths) and all(
-      isinstance(u, int) and u >= 1 for u in units),
-         f"units must be a positive integer or {len(arch.widths)} positive "
-         f"integers (one per stage), got {opts['units']!r}")
-  opts["units"] = units
-  _check(opts["width"] > 0,
-         f"width must be a positive multiplier (1.0 = the paper's widths), "
-         f"got {opts['width']!r}")
-  _check(isinstance(opts["classes"], int) and opts["classes"] >= 2,
-         f"classes must be an integer >= 2, got {opts['classes']!r}")
-  _check(opts["head"] in HEADS,
-         f"unknown head {opts['head']!r}; valid: {', '.join(HEADS)}")
-  _check(opts["init"] in layers.INIT_SCHEMES,
-         f"unknown init {opts['init']!r}; valid: "
-         f"{', '.join(layers.INIT_SCHEMES)}")
-  _check(opts["residual"] in layers.RESIDUALS,
-         f"unknown residual {opts['residual']!r}; valid: "
-         f"{', '.join(layers.RESIDUALS)}")
-  _check(not (opts["norm"] and opts["residual"] != "plain"),
-         f"residual={opts['residual']!r} is a normalisation-free "
-         "parametrisation of the identity unit; it does not combine with "
-         "norm=True (the batch-norm baseline's units)")
-  _check(opts["projection_scale"] in layers.PROJECTION_SCALES,
-         f"unknown projection_scale {opts['projection_scale']!r}; valid: "
-         f"{', '.join(layers.PROJECTION_SCALES)}")
-  opts["image_size"] = opts["image_size"] or arch.image_size
-  _check(opts["image_size"] >= 8,
-         f"image_size must be at least 8, got {opts['image_size']}")
-  return arch, opts
+# The architectures and their options: TF-free, so that configurations and
+# flags are checked before TensorFlow loads.
+MODELS = architectures.MODELS
+resolve_options = architectures.resolve_options
 
 
 def _scaled(channels, width):
@@ -208,9 +126,7 @@ def describe(model):
   }
 
 
-def normalization_layers(model):
-  """Every normalisation layer inside MODEL, nested units included."""
-  norms = (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
-           keras.layers.GroupNormalization, keras.layers.UnitNormalization)
-  return [layer for layer in model._flatten_layers(include_self=False)
-          if isinstance(layer, norms)]
+def sublayers(layer):
+  """The layers LAYER holds as attributes (a unit's convolutions, ...)."""
+  return [value for value in vars(layer).values()
+          if isinstance(value, keras.layers.Layer)]

@@ -18,9 +18,8 @@ its answers:
   {"predictions": [{"probabilities": [...], "classes": k}, ...]} or
   {"error": "..."}.
 * gRPC, `tensorflow.serving.PredictionService/Predict` with a
-  `PredictRequest` from the tensorflow-serving-api protos. The TensorProtos
-  are written and read here field by field (tensor_content, string_val, ...)
-  rather than with `tf.make_tensor_proto`, so the wire format is explicit.
+  `PredictRequest` from the tensorflow-serving-api protos, its TensorProtos
+  made and read by `tf.make_tensor_proto` and `tf.make_ndarray`.
 
 Every failure a user can cause -- a file that is neither an image nor a
 .npy array, an unreachable server, an unknown model, a request the model
@@ -31,7 +30,6 @@ problem and the fix. Nothing here runs TensorFlow ops.
 import base64
 import http.client
 import json
-import os
 import re
 import socket
 import urllib.error
@@ -40,17 +38,17 @@ import urllib.request
 
 import grpc
 import numpy as np
-from tensorflow.core.framework import tensor_pb2
+import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-# The names in the exported signatures (identity_tf.export uses these).
-DEFAULT_SIGNATURE = "serving_default"
-IMAGES_SIGNATURE = "predict_images"
-SIGNATURES = (DEFAULT_SIGNATURE, IMAGES_SIGNATURE)
-INPUT_KEY = "images"
-PROBABILITIES_KEY = "probabilities"
-CLASSES_KEY = "classes"
+from identity_tf.serving_contract import CLASSES_KEY
+from identity_tf.serving_contract import DEFAULT_SIGNATURE
+from identity_tf.serving_contract import IMAGES_SIGNATURE
+from identity_tf.serving_contract import INPUT_KEY
+from identity_tf.serving_contract import PROBABILITIES_KEY
+from identity_tf.serving_contract import SIGNATURES
+
 PROTOCOLS = ("rest", "grpc")
 
 # Leading bytes of the encoded formats `predict_images` decodes
@@ -63,17 +61,6 @@ _IMAGE_MAGIC = {
     b"BM": "BMP",
 }
 _NPY_MAGIC = b"\x93NUMPY"
-
-# TensorFlow's DataType enum values (tensorflow/core/framework/types.proto).
-_DT_FLOAT = 1
-_DT_STRING = 7
-_DT_INT64 = 9
-_DT_DOUBLE = 2
-_DT_INT32 = 3
-_NUMPY_DTYPES = {_DT_FLOAT: np.float32, _DT_DOUBLE: np.float64,
-                 _DT_INT32: np.int32, _DT_INT64: np.int64}
-_VALUE_FIELDS = {_DT_FLOAT: "float_val", _DT_DOUBLE: "double_val",
-                 _DT_INT32: "int_val", _DT_INT64: "int64_val"}
 
 # An element index in the model's error messages ("images[3] is ...").
 _ELEMENT = re.compile(r"images\[(\d+)\]")
@@ -296,34 +283,19 @@ def _unknown_model(server, model_name, version, message):
 
 def tensor_proto(batch):
   """A TensorProto of BATCH: array -> DT_FLOAT, list of bytes -> DT_STRING."""
-  proto = tensor_pb2.TensorProto()
   if isinstance(batch, np.ndarray):
-    array = np.ascontiguousarray(batch, dtype="<f4")
-    proto.dtype = _DT_FLOAT
-    proto.tensor_content = array.tobytes()
-    shape = array.shape
-  else:
-    proto.dtype = _DT_STRING
-    proto.string_val.extend(batch)
-    shape = (len(batch),)
-  for size in shape:
-    proto.tensor_shape.dim.add(size=size)
-  return proto
+    return tf.make_tensor_proto(batch.astype(np.float32))
+  return tf.make_tensor_proto(list(batch), dtype=tf.string)
 
 
 def tensor_value(proto):
-  """The numpy array of a numeric TensorProto (tensor_content or *_val)."""
-  if proto.dtype not in _NUMPY_DTYPES:
+  """The numpy array of a numeric TensorProto."""
+  if proto.dtype not in (tf.float32.as_datatype_enum,
+                         tf.float64.as_datatype_enum,
+                         tf.int32.as_datatype_enum,
+                         tf.int64.as_datatype_enum):
     raise ServingError(f"unexpected tensor dtype {proto.dtype} in the answer")
-  dtype = np.dtype(_NUMPY_DTYPES[proto.dtype]).newbyteorder("<")
-  shape = [dim.size for dim in proto.tensor_shape.dim]
-  if proto.tensor_content:
-    values = np.frombuffer(proto.tensor_content, dtype=dtype)
-  else:
-    values = np.array(getattr(proto, _VALUE_FIELDS[proto.dtype]), dtype=dtype)
-    if values.size == 1 and np.prod(shape) > 1:  # A splatted scalar.
-      values = np.full(int(np.prod(shape)), values[0], dtype=dtype)
-  return values.reshape(shape).astype(dtype.newbyteorder("="))
+  return tf.make_ndarray(proto)
 
 
 def grpc_request(model_name, signature, batch, version=None):

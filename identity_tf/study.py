@@ -96,14 +96,15 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
 
   ARMS (names) and SEEDS restrict the grid. ECHO receives one progress line
   per event (a run starting or ending, and the training's own progress
-  lines prefixed with the run's name).
+  lines prefixed with the run's name). On SIGTERM the current run writes a
+  checkpoint and `train.PreemptedError` is raised: the same call resumes.
   """
   # pylint: disable=g-import-not-at-top
-  from identity_tf import input_pipeline
+  from identity_tf import tfds_data
   from identity_tf import train
   import keras
   # pylint: enable=g-import-not-at-top
-  info = input_pipeline.prepared_info(dataset, data_dir)
+  info = tfds_data.prepared_info(dataset, data_dir)
   grid = runs_of(study, arms, seeds)
   for number, (arm, seed) in enumerate(grid, 1):
     model_dir = run_dir(output_dir, arm, seed)
@@ -135,6 +136,11 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
     except train.NonFiniteLossError as e:
       echo(f"{name}: diverged: {e}")
       state = {"status": "diverged", "nan_step": e.step}
+    except train.PreemptedError:
+      # The run wrote a checkpoint; count its time and let the caller stop.
+      _write_run_file(model_dir, {"status": "running", "nan_step": None,
+                                  "wall_seconds": spent + time.time() - start})
+      raise
     state["wall_seconds"] = spent + time.time() - start
     _write_run_file(model_dir, state)
     echo(f"{name}: {state['status']} after {state['wall_seconds']:.0f} s")
@@ -145,11 +151,11 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
 def _scalars(log_dir):
   """{tag: [(step, value)]} from LOG_DIR, the last value for a step kept
   (a resumed run logs the steps after its checkpoint again)."""
-  from identity_tf import train  # pylint: disable=g-import-not-at-top
+  from identity_tf import run_dir  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(log_dir):
     return {}
   return {tag: sorted(dict(points).items())
-          for tag, points in train.read_scalars(log_dir).items()}
+          for tag, points in run_dir.read_scalars(log_dir).items()}
 
 
 def collect(study, output_dir, arms=None, seeds=None):

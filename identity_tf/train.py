@@ -1,18 +1,16 @@
-"""Training and evaluation of the paper's networks with tf.distribute.
+"""Training: one tf.distribute loop for the paper's networks.
 
 One custom loop serves every strategy (`default`, `mirrored`,
-`multi_worker_mirrored`, `tpu`, `parameter_server`): a `tf.function` that
-runs `steps_per_loop` SGD steps through `strategy.run`, scheduled through a
-`ClusterCoordinator` under `parameter_server` (Keras 3's `fit` does not
-support that strategy). Around it: a `tf.train.CheckpointManager` over the
-model, the optimizer (its momentum slots and its `iterations`, which is the
-global step) and, where tf.data allows, the input iterator; TensorBoard
-scalars; a stop on non-finite losses; and a checkpoint on SIGTERM.
-
-`model_dir` holds config.json (the resolved `configs.Config` plus what it
-implies: model options, classes, preprocessing), the checkpoints
-(`ckpt-<step>`), and TensorBoard event files in `train/` and `eval/`.
-`restore_model(model_dir)` rebuilds the trained network from them.
+`multi_worker_mirrored`, `tpu`, `parameter_server`; `distribute.py`): a
+`tf.function` that runs `steps_per_loop` SGD steps through `strategy.run`
+(`make_train_step`), scheduled through a `ClusterCoordinator` under
+`parameter_server` (Keras 3's `fit` does not support that strategy). Around
+it (`train`): a `tf.train.CheckpointManager` over the model, the optimizer
+(its momentum slots and its `iterations`, which is the global step) and,
+where tf.data allows, the input iterator; progress lines and TensorBoard
+scalars that show a divergence coming; evaluation every `eval_steps`; a
+stop on non-finite losses naming where it began; and a checkpoint on
+SIGTERM. What the run leaves in model_dir is `run_dir.py`'s.
 """
 
 import json
@@ -26,16 +24,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tensorflow.core.framework import summary_pb2
-from tensorflow.core.util import event_pb2
-
-from identity_tf import configs
+from identity_tf import distribute
+from identity_tf import evaluation
 from identity_tf import input_pipeline
 from identity_tf import model as model_lib
 from identity_tf import optimization
+from identity_tf import run_dir
+from identity_tf import tfds_data
 
-CONFIG_FILE = "config.json"
-CHECKPOINT_PREFIX = "ckpt"
 # Exit status of a run stopped by SIGTERM after writing its checkpoint: the
 # shell's convention for "terminated by signal 15", so supervisors see an
 # interrupted (not a finished, not a failed) run.
@@ -57,149 +53,15 @@ class PreemptedError(Exception):
   """SIGTERM arrived; a checkpoint was written and the run stopped."""
 
 
-default_model_dir = configs.default_model_dir
-
-
-# ---------------------------------------------------------------------------
-# Strategies.
-
-def cluster_task():
-  """(task type, task index) of this process from TF_CONFIG, or (None, 0)."""
-  tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-  task = tf_config.get("task") or {}
-  return task.get("type"), int(task.get("index", 0))
-
-
-def _cluster_spec():
-  return (json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster")
-          or {})
-
-
-def is_chief():
-  """Whether this process writes model_dir: the chief, or worker 0 if none."""
-  task_type, task_id = cluster_task()
-  if task_type is None or task_type == "chief":
-    return True
-  return task_type == "worker" and task_id == 0 and "chief" not in (
-      _cluster_spec())
-
-
-def run_parameter_server_task():
-  """Under `parameter_server`, serves this process's TF_CONFIG task forever.
-
-  Workers and parameter servers only run a `tf.distribute.Server`; the chief
-  (the coordinator) runs the training loop and sends them work. Returns
-  False (without serving) on the chief.
-  """
-  task_type, task_id = cluster_task()
-  if task_type not in ("worker", "ps"):
-    return False
-  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-  server = tf.distribute.Server(
-      resolver.cluster_spec(), job_name=task_type, task_index=task_id,
-      protocol=resolver.rpc_layer or "grpc", start=True)
-  logging.info("parameter_server: %s %d serving at %s", task_type, task_id,
-               server.target)
-  server.join()
-  return True
-
-
-def create_strategy(name, tpu=None):
-  """The tf.distribute strategy NAME (see configs.STRATEGIES).
-
-  `multi_worker_mirrored` and `parameter_server` read the cluster from
-  TF_CONFIG; `tpu` connects to TPU (a name or grpc:// address; None or ""
-  means the local TPU or the one in the environment). Raises ValueError
-  with the fix when the environment does not fit.
-  """
-  if name == "default":
-    return tf.distribute.get_strategy()
-  if name == "mirrored":
-    return tf.distribute.MirroredStrategy()
-  if name == "multi_worker_mirrored":
-    return tf.distribute.MultiWorkerMirroredStrategy()
-  if name == "tpu":
-    try:
-      resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-          tpu=tpu or "")
-      tf.config.experimental_connect_to_cluster(resolver)
-      tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, tf.errors.OpError) as e:
-      raise ValueError(
-          f"--strategy=tpu found no TPU ({str(e).splitlines()[0]}); pass "
-          f"--tpu=NAME_OR_GRPC_ADDRESS or run on a TPU VM") from None
-    return tf.distribute.TPUStrategy(resolver)
-  if name == "parameter_server":
-    cluster = _cluster_spec()
-    if not cluster.get("ps") or not cluster.get("worker"):
-      raise ValueError(
-          "--strategy=parameter_server needs TF_CONFIG with a cluster of "
-          "'chief', 'worker' and 'ps' tasks (see docs/training.md); got "
-          f"TF_CONFIG={os.environ.get('TF_CONFIG')!r}")
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
-  raise ValueError(f"--strategy must be one of "
-                   f"{', '.join(configs.STRATEGIES)}; got {name!r}")
-
-
-# ---------------------------------------------------------------------------
-# The run's description, model and optimizer.
-
-def model_options(config, info):
-  """`identity_tf.build_model` options of CONFIG for dataset INFO, complete.
-
-  The classes come from the dataset; every option the configuration leaves
-  None takes the model's default, and the result names them all, so that
-  config.json rebuilds the same network even if defaults change.
-  """
-  units = config.units
-  if units is not None:  # --units=2 means 2 in every stage.
-    units = units[0] if len(units) == 1 else list(units)
-  _, options = model_lib.resolve_options(
-      config.model, classes=info.num_classes, width=config.width,
-      units=units, norm=config.norm, head=config.head, init=config.init,
-      seed=config.seed, image_size=model_lib.input_size(config.model),
-      use_bias=config.use_bias, residual=config.residual,
-      projection_scale=config.projection_scale)
-  return {**options, "units": list(options["units"])}
-
-
-def preprocessing(config, info):
-  """The input preprocessing of CONFIG's network for dataset INFO."""
-  return input_pipeline.preprocessing_config(
-      info, model_lib.input_size(config.model), flip=config.flip)
-
-
-def describe_run(config, info, **extra):
-  """config.json's content: CONFIG and what rebuilding the model needs.
-
-  INFO is the dataset's `input_pipeline.DatasetInfo` (classes and their
-  names, image shape, splits and sizes), recorded so that evaluation and
-  export need nothing but the run directory.
-  """
-  return {
-      "config": configs.to_dict(config),
-      "model": {"name": config.model, "options": model_options(config, info)},
-      "dataset": info.to_dict(),
-      "preprocessing": preprocessing(config, info),
-      "steps_per_epoch": steps_per_epoch(config, info),
-      **extra,
-  }
-
-
 def build_model(config, info):
-  return model_lib.build_model(config.model, **model_options(config, info))
-
-
-def steps_per_epoch(config, info):
-  """Steps per pass over the training examples; None if their count is not
-  known (a dataset that is not prepared)."""
-  examples = config.num_train_examples or info.num_train_examples
-  return examples / config.batch_size if examples else None
+  """CONFIG's network for dataset INFO (`run_dir.model_options`)."""
+  return model_lib.build_model(config.model,
+                               **run_dir.model_options(config, info))
 
 
 def build_optimizer(config, info):
-  return optimization.build_optimizer(config, steps_per_epoch(config, info))
+  return optimization.build_optimizer(config,
+                                      run_dir.steps_per_epoch(config, info))
 
 
 def residual_branch_norms(model):
@@ -234,227 +96,13 @@ def residual_branch_norms(model):
   return stages
 
 
-def write_scalar(name, value, step):
-  """A TensorBoard scalar NAME = VALUE at STEP in the default summary writer.
-
-  `tf.summary.scalar` lives in the tensorboard package, which TensorFlow no
-  longer installs; this writes the same record (a float32 tensor tagged for
-  TensorBoard's "scalars" plugin) with TensorFlow's own `tf.summary.write`,
-  so viewing the logs is the only thing that needs tensorboard.
-  """
-  tf.summary.write(name, tf.constant(value, tf.float32), step=step,
-                   metadata=_SCALAR_METADATA)
-
-
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(
-        plugin_name="scalars")).SerializeToString()
-
-
-def read_scalars(log_dir):
-  """{name: [(step, value), ...]} of the scalars in LOG_DIR's event files."""
-  scalars = {}
-  for path in sorted(tf.io.gfile.glob(os.path.join(log_dir, "events.*"))):
-    for record in tf.data.TFRecordDataset(path):
-      event = event_pb2.Event.FromString(record.numpy())
-      for value in event.summary.value:
-        number = float(tf.make_ndarray(value.tensor))
-        scalars.setdefault(value.tag, []).append((event.step, number))
-  return scalars
-
-
 def _all_finite(variables):
   return all(bool(tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v))))
              for v in variables)
 
 
 # ---------------------------------------------------------------------------
-# config.json and restoring.
-
-def read_run(model_dir):
-  """config.json of MODEL_DIR as a dict; ValueError if there is none."""
-  path = os.path.join(model_dir, CONFIG_FILE)
-  if not tf.io.gfile.exists(path):
-    raise ValueError(f"no {CONFIG_FILE} in --model_dir={model_dir}: is it the "
-                     f"model_dir of a training run?")
-  with tf.io.gfile.GFile(path) as f:
-    return json.load(f)
-
-
-def write_run(model_dir, description):
-  tf.io.gfile.makedirs(model_dir)
-  path = os.path.join(model_dir, CONFIG_FILE)
-  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    f.write(json.dumps(description, indent=2, sort_keys=True) + "\n")
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-
-
-def check_resumable(model_dir, config):
-  """ValueError if MODEL_DIR already holds a run of a different network."""
-  path = os.path.join(model_dir, CONFIG_FILE)
-  if not tf.io.gfile.exists(path):
-    return
-  old = configs.from_dict(read_run(model_dir)["config"])
-  changed = [f"{name} ({getattr(old, name)!r} -> {getattr(config, name)!r})"
-             for name in configs.MODEL_FIELDS
-             if getattr(old, name) != getattr(config, name)]
-  if changed:
-    raise ValueError(
-        f"--model_dir={model_dir} holds a run of a different network: "
-        f"{', '.join(changed)}; use a new --model_dir, or the same settings "
-        f"to resume it")
-
-
-def checkpoint_step(path):
-  """The global step of checkpoint PATH (named ckpt-<step>)."""
-  return int(os.path.basename(path).rsplit("-", 1)[1])
-
-
-def find_checkpoint(model_dir, checkpoint=None):
-  """Path prefix of CHECKPOINT (a prefix, a file or a step), or the latest."""
-  if checkpoint is None:
-    path = tf.train.latest_checkpoint(model_dir)
-    if path is None:
-      raise ValueError(f"no checkpoint in --model_dir={model_dir} yet; train "
-                       f"first (bin/train) or wait for one")
-    return path
-  checkpoint = str(checkpoint)
-  if checkpoint.isdigit():
-    checkpoint = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-{checkpoint}")
-  elif not os.path.isabs(checkpoint) and "://" not in checkpoint and not (
-      tf.io.gfile.exists(checkpoint + ".index")):
-    checkpoint = os.path.join(model_dir, checkpoint)
-  for suffix in (".index", ".data-00000-of-00001"):
-    if checkpoint.endswith(suffix):
-      checkpoint = checkpoint[:-len(suffix)]
-  if not tf.io.gfile.exists(checkpoint + ".index"):
-    raise ValueError(f"no checkpoint {checkpoint} (--checkpoint takes a step "
-                     f"number, ckpt-<step> or a path prefix)")
-  return checkpoint
-
-
-def restore_model(model_dir, checkpoint=None):
-  """(model, run description, global step) of MODEL_DIR's CHECKPOINT.
-
-  CHECKPOINT: None (the latest), a step, `ckpt-<step>` or a path prefix. The
-  model is rebuilt from config.json; only its weights are read (not the
-  optimizer or the input position).
-  """
-  description = read_run(model_dir)
-  path = find_checkpoint(model_dir, checkpoint)
-  model = model_lib.build_model(description["model"]["name"],
-                                **description["model"]["options"])
-  tf.train.Checkpoint(model=model).read(path).expect_partial()
-  return model, description, checkpoint_step(path)
-
-
-# ---------------------------------------------------------------------------
-# Evaluation.
-
-def make_evaluator(model, dataset, *, data_dir=None, batch_size=500,
-                   num_examples=None, preprocessing=None, info=None):
-  """A function () -> `evaluate`'s result for MODEL's current weights.
-
-  The evaluation pipeline is built once (for an in-memory dataset: read
-  once), so a training run can evaluate every few steps cheaply. INFO is
-  DATASET's `input_pipeline.DatasetInfo` if the caller has it.
-  """
-  info = info or input_pipeline.dataset_info(dataset, data_dir)
-  if info.eval_split is None:
-    raise ValueError(f"{dataset} has neither a 'validation' nor a 'test' "
-                     "split to evaluate on")
-  ds = input_pipeline.build_dataset(
-      dataset, info.eval_split, batch_size, training=False, data_dir=data_dir,
-      num_examples=num_examples, preprocessing=preprocessing)
-  top_k = min(5, info.num_classes)
-
-  @tf.function
-  def batch_sums(images, labels):
-    logits = model(images, training=False)
-    loss = keras.losses.sparse_categorical_crossentropy(
-        labels, logits, from_logits=True)
-    top1 = tf.math.in_top_k(labels, logits, 1)
-    top5 = tf.math.in_top_k(labels, logits, top_k)
-    return tf.stack([tf.reduce_sum(loss),
-                     tf.reduce_sum(tf.cast(top1, tf.float32)),
-                     tf.reduce_sum(tf.cast(top5, tf.float32)),
-                     tf.cast(tf.size(labels), tf.float32)])
-
-  def run():
-    sums = np.zeros(4, np.float64)
-    for images, labels in ds:
-      sums += batch_sums(images, labels).numpy()
-    count = int(sums[3])
-    if count == 0:
-      raise ValueError(f"the {info.eval_split} split of {dataset} is empty")
-    return {"loss": sums[0] / count, "top1": sums[1] / count,
-            "top5": sums[2] / count, "examples": count}
-  return run
-
-
-def evaluate(model, dataset, **options):
-  """Loss and accuracy of MODEL on DATASET's evaluation split, one pass.
-
-  Returns {"loss": mean cross-entropy (no weight decay), "top1", "top5":
-  fractions, "examples": count}. Runs on one device. OPTIONS are
-  `make_evaluator`'s.
-  """
-  return make_evaluator(model, dataset, **options)()
-
-
-def write_eval_summaries(model_dir, step, metrics):
-  """METRICS' loss, top1 and top5 as TensorBoard scalars in MODEL_DIR/eval."""
-  writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
-  with writer.as_default():
-    for name in ("loss", "top1", "top5"):
-      write_scalar(name, metrics[name], step)
-  writer.close()
-
-
-# ---------------------------------------------------------------------------
-# Training.
-
-class _Preemption:
-  """Records SIGTERM; the loop checkpoints at the end of the current call."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = None
-
-  def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # Not the main thread: no signal handling.
-      self._previous = None
-    return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-
-
-def _input_fn(config, info, data_dir, seed, start_step=0):
-  """The training dataset_fn, starting START_STEP global steps in.
-
-  The pipeline's stream is a deterministic function of (seed, position), so
-  starting it at a step replays exactly what an uninterrupted run reads
-  from there on (free for in-memory datasets).
-  """
-  prep = preprocessing(config, info)
-
-  def dataset_fn(input_context):
-    batch = input_context.get_per_replica_batch_size(config.batch_size)
-    return input_pipeline.build_dataset(
-        config.dataset, info.train_split, batch, training=True,
-        data_dir=data_dir, seed=seed, deterministic=config.deterministic,
-        input_context=input_context, num_examples=config.num_train_examples,
-        preprocessing=prep, start_step=start_step)
-  return dataset_fn
-
+# The step.
 
 def watched_activations(model):
   """Names of the activations a training step watches, in forward order."""
@@ -555,6 +203,122 @@ def make_train_step(strategy, model, optimizer, config):
   return train_steps
 
 
+# ---------------------------------------------------------------------------
+# The loop.
+
+class _Preemption:
+  """Records SIGTERM; the loop checkpoints at the end of the current call."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # Not the main thread: no signal handling.
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _input_fn(config, info, data_dir, seed, start_step=0):
+  """The training dataset_fn, starting START_STEP global steps in.
+
+  The pipeline's stream is a deterministic function of (seed, position), so
+  starting it at a step replays exactly what an uninterrupted run reads
+  from there on (free for in-memory datasets).
+  """
+  prep = run_dir.preprocessing(config, info)
+
+  def dataset_fn(input_context):
+    batch = input_context.get_per_replica_batch_size(config.batch_size)
+    return input_pipeline.build_dataset(
+        config.dataset, info.train_split, batch, training=True,
+        data_dir=data_dir, seed=seed, deterministic=config.deterministic,
+        input_context=input_context, num_examples=config.num_train_examples,
+        preprocessing=prep, start_step=start_step)
+  return dataset_fn
+
+
+def _checkpoint(model, optimizer, iterator):
+  """The run's checkpoint: model, optimizer and, where tf.data can save it
+  (one replica per process), the input iterator."""
+  trackables = dict(model=model, optimizer=optimizer)
+  if isinstance(iterator, tf.data.Iterator):
+    trackables["iterator"] = iterator
+  return tf.train.Checkpoint(**trackables)
+
+
+def _restore(path, model, optimizer, make_iterator):
+  """(iterator, checkpoint) of a run restored from checkpoint PATH (or None).
+
+  The input position is restored from the checkpoint where it holds one that
+  fits this pipeline. Otherwise -- several replicas, or an iterator that no
+  longer fits -- the pipeline is started at the restored step
+  (`make_iterator(step)`, `build_dataset(start_step=...)`), which yields
+  exactly what the uninterrupted stream would.
+  """
+  iterator = make_iterator(0)
+  if path is None:
+    return iterator, _checkpoint(model, optimizer, iterator)
+  saved_iterator = any(name.startswith("iterator/")
+                       for name, _ in tf.train.list_variables(path))
+  if saved_iterator and isinstance(iterator, tf.data.Iterator):
+    checkpoint = _checkpoint(model, optimizer, iterator)
+    try:
+      checkpoint.restore(path).assert_existing_objects_matched()
+      return iterator, checkpoint
+    except tf.errors.OpError as e:
+      logging.warning("the input position in %s does not fit this input "
+                      "pipeline (%s); replaying the input instead", path,
+                      str(e).splitlines()[0])
+  iterator = make_iterator(run_dir.checkpoint_step(path))
+  tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
+      path).expect_partial().assert_existing_objects_matched()
+  return iterator, _checkpoint(model, optimizer, iterator)
+
+
+class _Window:
+  """The steps since the last progress line: what the line reports."""
+
+  def __init__(self, watched):
+    self.watched = watched
+    self.last = None  # The last line's record: what preceded a NaN.
+    self.reset()
+
+  def reset(self):
+    self.sums = np.zeros(3)
+    self.peaks = np.full(2 + len(self.watched), -np.inf)
+    self.start = time.time()
+
+  def add(self, out):
+    self.sums += out["sums"]
+    self.peaks = np.maximum(self.peaks, out["peaks"])
+
+  def record(self, step, train_steps, learning_rate):
+    """The progress line's JSON object; starts a new window."""
+    loss, top1 = self.sums[0] / self.sums[2], self.sums[1] / self.sums[2]
+    rate = self.sums[2] / max(time.time() - self.start, 1e-9)
+    self.last = {
+        "step": step, "train_steps": train_steps, "loss": _round(loss),
+        "top1": _round(top1), "lr": _round(learning_rate),
+        "images_per_second": round(rate, 1),
+        "grad_norm": _round(self.peaks[0]),
+        "update_ratio": _round(self.peaks[1]),
+        "activation_rms": {name: _round(value) for name, value in
+                           zip(self.watched, self.peaks[2:])}}
+    self.reset()
+    return self.last
+
+
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
           echo=print, dataset_fn=None):
   """Trains CONFIG in MODEL_DIR, resuming from its latest checkpoint.
@@ -563,7 +327,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     config: a validated `configs.Config`.
     model_dir: where config.json, checkpoints and summaries go.
     data_dir: TFDS data directory.
-    strategy: a tf.distribute strategy (default: `create_strategy(
+    strategy: a tf.distribute strategy (default: `distribute.create_strategy(
       config.strategy, tpu)`).
     tpu: --tpu for `create_strategy`.
     echo: receives the progress lines (print by default).
@@ -581,41 +345,40 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
 
   Returns:
     {"step", "train_loss", "train_top1" (last logged window), "eval": the
-    `evaluate` result or None, "model_dir"}.
+    last evaluation or None, "model_dir"}.
 
   Raises:
     NonFiniteLossError: the loss became NaN/Inf; the latest checkpoint is the
       last good one.
     PreemptedError: SIGTERM; a checkpoint of the current step was written.
-    ValueError / input_pipeline.DatasetNotReadyError: bad configuration.
+    ValueError / tfds_data.DatasetNotReadyError: bad configuration.
   """
   # Multi-worker strategies must exist before TensorFlow starts its runtime.
   if strategy is None:
-    strategy = create_strategy(config.strategy, tpu)
+    strategy = distribute.create_strategy(config.strategy, tpu)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   keras.utils.set_random_seed(config.seed)
-  asynchronous = isinstance(
-      strategy, tf.distribute.experimental.ParameterServerStrategy)
-  coordinator = (tf.distribute.experimental.coordinator.ClusterCoordinator(
-      strategy) if asynchronous else None)
+  coordinator = None
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+        strategy)
   replicas = strategy.num_replicas_in_sync
   if config.batch_size % replicas:
     raise ValueError(f"--batch_size={config.batch_size} must be a multiple "
                      f"of the {replicas} replicas of --strategy="
                      f"{config.strategy}")
-  chief = is_chief()
+  chief = distribute.is_chief()
   # A dataset that is not prepared stops the run here, before anything is
   # written to model_dir.
-  info = (input_pipeline.dataset_info(config.dataset, data_dir)
-          if dataset_fn else input_pipeline.prepared_info(config.dataset,
-                                                          data_dir))
+  info = (tfds_data.dataset_info(config.dataset, data_dir) if dataset_fn
+          else tfds_data.prepared_info(config.dataset, data_dir))
   if chief:
-    check_resumable(model_dir, config)
-    write_run(model_dir, describe_run(config, info))
+    run_dir.check_resumable(model_dir, config)
+    run_dir.write_run(model_dir, run_dir.describe_run(config, info))
   # Every worker writes checkpoints (MultiWorkerMirroredStrategy wants all of
   # them to save), but only the chief's go to model_dir.
-  task_type, task_id = cluster_task()
+  task_type, task_id = distribute.cluster_task()
   checkpoint_dir = model_dir if chief else os.path.join(
       model_dir, f".{task_type}{task_id}_tmp")
 
@@ -623,63 +386,32 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     model = build_model(config, info)
     optimizer = build_optimizer(config, info)
     optimizer.build(model.trainable_variables)
-  step_counter = optimizer.iterations  # The global step.
-  global_batch = config.batch_size
 
-  # The input position is part of the checkpoint where tf.data can save it
-  # (one replica per process: a tf.data iterator). Otherwise -- several
-  # replicas, or a checkpoint whose iterator no longer fits the pipeline --
-  # the pipeline is started at the restored step (`start_step`), which yields
-  # exactly what the uninterrupted stream would. Every worker restores the
-  # chief's checkpoint.
-  latest = tf.train.latest_checkpoint(model_dir)
-  restored_step = checkpoint_step(latest) if latest else 0
   custom_input = dataset_fn is not None
   dataset_fn = dataset_fn or _input_fn(config, info, data_dir, config.seed)
 
   def make_iterator(skip_steps):
+    fn = dataset_fn
     if coordinator is not None:
       # No replay under parameter_server: after a restart the workers start
       # a fresh stream (seeded by the step) instead.
-      fn = dataset_fn
       if skip_steps and not custom_input:
         fn = _input_fn(config, info, data_dir, config.seed + skip_steps)
       return iter(coordinator.create_per_worker_dataset(
           lambda: strategy.distribute_datasets_from_function(fn)))
-    fn = dataset_fn
     if skip_steps and not custom_input:
       fn = _input_fn(config, info, data_dir, config.seed,
                      start_step=skip_steps)
     return iter(strategy.distribute_datasets_from_function(fn))
 
-  def make_checkpoint(iterator):
-    trackables = dict(model=model, optimizer=optimizer)
-    if isinstance(iterator, tf.data.Iterator):
-      trackables["iterator"] = iterator
-    return tf.train.Checkpoint(**trackables)
-
-  iterator = make_iterator(0)
-  checkpoint = make_checkpoint(iterator)
+  # Every worker restores the chief's checkpoint.
+  latest = tf.train.latest_checkpoint(model_dir)
+  iterator, checkpoint = _restore(latest, model, optimizer, make_iterator)
   if latest:
-    saved_iterator = any(name.startswith("iterator/")
-                         for name, _ in tf.train.list_variables(latest))
-    try:
-      if not (saved_iterator and isinstance(iterator, tf.data.Iterator)):
-        raise LookupError("no input position to restore")
-      checkpoint.restore(latest).assert_existing_objects_matched()
-    except (LookupError, tf.errors.OpError) as e:
-      if not isinstance(e, LookupError):
-        logging.warning("the input position in %s does not fit this input "
-                        "pipeline (%s); replaying the input instead", latest,
-                        str(e).splitlines()[0])
-      iterator = make_iterator(restored_step)
-      checkpoint = make_checkpoint(iterator)
-      tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
-          latest).expect_partial().assert_existing_objects_matched()
-    echo(f"resumed from {latest} at step {int(step_counter.numpy())}")
+    echo(f"resumed from {latest} at step {int(optimizer.iterations.numpy())}")
   manager = tf.train.CheckpointManager(
       checkpoint, checkpoint_dir, max_to_keep=config.keep_checkpoints,
-      checkpoint_name=CHECKPOINT_PREFIX)
+      checkpoint_name=run_dir.CHECKPOINT_PREFIX)
 
   train_steps = make_train_step(strategy, model, optimizer, config)
   watched = watched_activations(model)
@@ -714,13 +446,13 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   def run_evaluation(step):
     nonlocal evaluator
     if evaluator is None:
-      evaluator = make_evaluator(
+      evaluator = evaluation.make_evaluator(
           model, config.dataset, data_dir=data_dir,
           batch_size=config.eval_batch_size,
           num_examples=config.num_eval_examples,
-          preprocessing=preprocessing(config, info), info=info)
+          preprocessing=run_dir.preprocessing(config, info), info=info)
     metrics = evaluator()
-    write_eval_summaries(model_dir, step, metrics)
+    run_dir.write_eval_summaries(model_dir, step, metrics)
     return metrics
 
   def save(step):
@@ -728,82 +460,65 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       raise NonFiniteLossError(
           f"the weights became NaN or infinite by step {step}; "
           f"{_last_good(manager)}", step=step)
-    path = manager.save(checkpoint_number=step)
-    return path
+    return manager.save(checkpoint_number=step)
 
-  step = int(step_counter.numpy())
-  window = np.zeros(3)
-  peaks = np.full(2 + len(watched), -np.inf)
-  last_peaks = None  # Those of the last progress line: what preceded a NaN.
-  window_start = time.time()
+  step = int(optimizer.iterations.numpy())
+  window = _Window(watched)
   last = {"train_loss": None, "train_top1": None}
   result = {"step": step, **last, "eval": None, "model_dir": model_dir}
   echo(f"training {config.model} on {config.dataset} for "
-       f"{config.train_steps} steps, global batch {global_batch}, "
+       f"{config.train_steps} steps, global batch {config.batch_size}, "
        f"{replicas} replica(s) ({config.strategy}); model_dir {model_dir}")
   with _Preemption() as preemption:
     while step < config.train_steps:
-      boundaries = [config.log_steps, config.checkpoint_steps]
+      every = [config.log_steps, config.checkpoint_steps]
       if config.eval_steps:
-        boundaries.append(config.eval_steps)
+        every.append(config.eval_steps)
       next_stop = min([config.train_steps, step + config.steps_per_loop] +
-                      [(step // b + 1) * b for b in boundaries])
+                      [(step // n + 1) * n for n in every])
       out = run_steps(next_stop - step)
-      step = int(step_counter.numpy())
+      step = int(optimizer.iterations.numpy())
       if out["first_nonfinite"][0] >= 0 or not math.isfinite(out["sums"][0]):
         first = int(out["first_nonfinite"][0])
         raise NonFiniteLossError(_nonfinite_message(
-            out, step, watched, last_peaks, _last_good(manager)),
+            out, step, watched, window.last, _last_good(manager)),
                                  step=first if first >= 0 else step)
-      window += out["sums"]
-      peaks = np.maximum(peaks, out["peaks"])
+      window.add(out)
       if step % config.log_steps == 0 or step >= config.train_steps:
-        elapsed = time.time() - window_start
-        loss, top1 = window[0] / window[2], window[1] / window[2]
-        rate = window[2] / max(elapsed, 1e-9)
         lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-        last_peaks = dict(zip(["grad_norm", "update_ratio"], peaks[:2]))
-        activation_rms = dict(zip(watched, peaks[2:]))
-        echo(json.dumps({
-            "step": step, "train_steps": config.train_steps,
-            "loss": _round(loss), "top1": _round(top1), "lr": _round(lr),
-            "images_per_second": round(rate, 1),
-            "grad_norm": _round(peaks[0]), "update_ratio": _round(peaks[1]),
-            "activation_rms": {k: _round(v)
-                               for k, v in activation_rms.items()}}))
-        last_peaks["activation_rms"] = activation_rms
+        record = window.record(step, config.train_steps, lr)
+        echo(json.dumps(record))
+        last = {"train_loss": record["loss"], "train_top1": record["top1"]}
         with writer.as_default():
-          write_scalar("loss", loss, step)
-          write_scalar("top1", top1, step)
-          write_scalar("learning_rate", lr, step)
-          write_scalar("images_per_second", rate, step)
-          write_scalar("weight_decay_loss", float(
-              optimization.l2_penalty(model, config.weight_decay)), step)
-          write_scalar("grad_norm", peaks[0], step)
-          write_scalar("update_ratio", peaks[1], step)
-          for name, value in activation_rms.items():
-            write_scalar(f"activation_rms/{name}", value, step)
-          for stage, norm in sorted(residual_branch_norms(model).items()):
-            write_scalar(f"residual_branch_norm/stage{stage}", norm, step)
+          scalars = {
+              "loss": record["loss"], "top1": record["top1"],
+              "learning_rate": lr,
+              "images_per_second": record["images_per_second"],
+              "weight_decay_loss": float(optimization.l2_penalty(
+                  model, config.weight_decay)),
+              "grad_norm": record["grad_norm"],
+              "update_ratio": record["update_ratio"],
+              **{f"activation_rms/{name}": value for name, value in
+                 record["activation_rms"].items()},
+              **{f"residual_branch_norm/stage{stage}": norm for stage, norm
+                 in sorted(residual_branch_norms(model).items())}}
+          for name, value in scalars.items():
+            tf.summary.scalar(name, value, step=step)
         writer.flush()
-        last = {"train_loss": float(loss), "train_top1": float(top1)}
-        window, window_start = np.zeros(3), time.time()
-        peaks = np.full(2 + len(watched), -np.inf)
       if preemption.requested:
         path = save(step)
         raise PreemptedError(
             f"stopped by SIGTERM at step {step}; wrote checkpoint {path}; "
             f"run the same command again to resume")
       if step % config.checkpoint_steps == 0 or step >= config.train_steps:
-        path = save(step)
-        echo(f"saved checkpoint {path}")
+        echo(f"saved checkpoint {save(step)}")
       if chief and config.eval_steps and (
           step % config.eval_steps == 0 or step >= config.train_steps):
         result["eval"] = run_evaluation(step)
         echo(json.dumps({"step": step, "eval": {
             k: v if isinstance(v, int) else _round(v)
             for k, v in result["eval"].items()}}))
-        window_start = time.time()  # Images/s counts training only.
+        window.start = time.time()  # Images/s counts training only.
   if not chief:
     tf.io.gfile.rmtree(checkpoint_dir)
   result.update(step=step, **last)
@@ -821,7 +536,7 @@ def _round(value, digits=4):
   return float(f"{value:.{digits}g}")
 
 
-def _nonfinite_message(out, step, watched, last_peaks, last_good):
+def _nonfinite_message(out, step, watched, last_record, last_good):
   """The one line that stops a diverged run: where and when, and what to do."""
   first_step, index = (int(v) for v in out["first_nonfinite"])
   if first_step < 0:  # Finite activations and gradients, infinite loss.
@@ -831,11 +546,11 @@ def _nonfinite_message(out, step, watched, last_peaks, last_good):
   else:
     where = "the gradient"
   before = ""
-  if last_peaks:
+  if last_record:
     rms = ", ".join(f"{k} {v:.3g}"
-                    for k, v in last_peaks["activation_rms"].items())
+                    for k, v in last_record["activation_rms"].items())
     before = (f"; before it: gradient norm up to "
-              f"{last_peaks['grad_norm']:.3g}, activation RMS {rms}")
+              f"{last_record['grad_norm']:.3g}, activation RMS {rms}")
   return (f"the training loss became {out['sums'][0]} at step {first_step}: "
           f"{where} became NaN or infinite first{before}; {last_good}; lower "
           f"--learning_rate or add a stabiliser (e.g. --grad_clip_norm=1; "
@@ -846,5 +561,5 @@ def _last_good(manager):
   latest = manager.latest_checkpoint
   if latest:
     return (f"stopped; the last good checkpoint is {latest} (step "
-            f"{checkpoint_step(latest)})")
+            f"{run_dir.checkpoint_step(latest)})")
   return "stopped; no checkpoint was written"

@@ -15,8 +15,8 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from identity_tf import input_pipeline
-from identity_tf import train
+from identity_tf import run_dir
+from identity_tf import tfds_data
 import testing
 
 COUNTS = {"train": 24, "test": 12}
@@ -43,7 +43,7 @@ class FashionMnistTest(absltest.TestCase):
     cls.raw = testing.write_fashion_mnist_files(
         os.path.join(cls.root, "raw"), np.random.default_rng(0), COUNTS)
     with testing.fewer_mnist_examples(COUNTS):
-      input_pipeline.prepare("fashion_mnist", cls.data_dir,
+      tfds_data.prepare("fashion_mnist", cls.data_dir,
                              source_dir=os.path.join(cls.root, "raw"),
                              echo=lambda line: None)
     cls.model_dir = os.path.join(cls.root, "run")
@@ -60,7 +60,7 @@ class FashionMnistTest(absltest.TestCase):
     super().tearDownClass()
 
   def test_training_records_what_the_dataset_is(self):
-    with open(os.path.join(self.model_dir, train.CONFIG_FILE)) as f:
+    with open(os.path.join(self.model_dir, run_dir.CONFIG_FILE)) as f:
       run = json.load(f)
     dataset = run["dataset"]
     self.assertEqual((dataset["name"], dataset["image_shape"],
@@ -101,7 +101,7 @@ class FashionMnistTest(absltest.TestCase):
                   info["input"]["accepts"])
     self.assertEqual(info["classes"]["names"][0], "T-shirt/top")
     images = self.raw["test"][0][:3]
-    model, _, _ = train.restore_model(self.model_dir)
+    model, _, _ = run_dir.restore_model(self.model_dir)
     expected = tf.nn.softmax(model(_numpy_eval_preprocessing(images))).numpy()
     loaded = tf.saved_model.load(path)
     served = loaded.signatures["serving_default"](

@@ -10,15 +10,14 @@ import json
 import os
 import socket
 import subprocess
-import sys
-import time
 
 from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
-from identity_tf import input_pipeline
+from identity_tf import run_dir
+from identity_tf import tfds_data
 from identity_tf import train
 import testing
 
@@ -57,35 +56,18 @@ def _weights(model_dir):
           if name.startswith(("optimizer/_trainable_variables/", "model/"))}
 
 
-class DistributedTest(absltest.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    self.processes = []
-
-  def tearDown(self):
-    for process in self.processes:
-      if process.poll() is None:
-        process.kill()
-      process.wait()
-      process.log.close()
-    super().tearDown()
+class DistributedTest(testing.ProcessTestCase):
 
   def _start(self, args, tf_config=None):
     env = dict(os.environ)
-    env["PYTHONPATH"] = testing.source_root() + os.pathsep + env.get(
-        "PYTHONPATH", "")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.pop("TF_CONFIG", None)
     if tf_config is not None:
       env["TF_CONFIG"] = json.dumps(tf_config)
     log = open(os.path.join(self.create_tempdir().full_path, "log"), "w+")
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(testing.source_root(), "bin",
-                                      "train.py"), *args],
-        stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    self.addCleanup(log.close)
+    process = self.start_binary("train", *args, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
     process.log = log
-    self.processes.append(process)
     return process
 
   def _wait(self, process):
@@ -173,9 +155,9 @@ class DistributedTest(absltest.TestCase):
     for server in servers:  # Servers serve until killed.
       self.assertIsNone(server.poll())
     self.assertIn('{"step": 20, "train_steps": 20,', output)
-    self.assertEqual(train.checkpoint_step(
+    self.assertEqual(run_dir.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), 20)
-    model, _, step = train.restore_model(model_dir)
+    model, _, step = run_dir.restore_model(model_dir)
     self.assertEqual(step, 20)
     self.assertTrue(all(np.all(np.isfinite(w)) for w in model.get_weights()))
 
@@ -183,7 +165,7 @@ class DistributedTest(absltest.TestCase):
 def _weights_at_init():
   """The tiny network's initial weights, named as in the checkpoints."""
   config = configs.resolve("smoke", width=0.0625, units="1")
-  info = input_pipeline.dataset_info("synthetic")
+  info = tfds_data.dataset_info("synthetic")
   model = train.build_model(config, info)
   optimizer = train.build_optimizer(config, info)
   optimizer.build(model.trainable_variables)

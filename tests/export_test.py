@@ -9,7 +9,6 @@ tf.saved_model.load and imitates the API's request and error formats.
 
 import base64
 import concurrent.futures
-import http.server
 import json
 import os
 import re
@@ -19,7 +18,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from unittest import mock
 
@@ -27,17 +25,21 @@ from absl.testing import absltest
 import grpc
 import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from identity_tf import configs
 from identity_tf import export
-from identity_tf import input_pipeline
 from identity_tf import model as model_lib
+from identity_tf import preprocessing
+from identity_tf import run_dir
 from identity_tf import serving_client
+from identity_tf import serving_contract
+from identity_tf import synthetic
+from identity_tf import tfds_data
 from identity_tf import train
 
 import testing
+import tf_serving_double
 
 MODEL_NAME = "smoke"
 # Exported vs Keras outputs: the same float32 ops in a different graph; only
@@ -58,200 +60,6 @@ def _read(path):
 
 def _png(pixels):
   return tf.io.encode_png(tf.cast(pixels, tf.uint8)).numpy()
-
-
-class _Status(Exception):
-  """A failed request: a gRPC status code name and TF Serving-like message."""
-
-  def __init__(self, code, message):
-    super().__init__(message)
-    self.code = code
-    self.message = message
-
-
-_HTTP_STATUS = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400,
-                "RESOURCE_EXHAUSTED": 503}
-
-
-class TfServingTestDouble:
-  """A TEST DOUBLE of TF Serving's Predict API -- not TF Serving.
-
-  Serves BASE_DIR's integer-named versions (loaded with tf.saved_model.load,
-  hidden directories ignored, as TF Serving does) under MODEL_NAME on
-  127.0.0.1:
-  * REST: POST /v1/models/NAME[/versions/N]:predict with a row-format JSON
-    body ({"signature_name", "instances"}, {"b64": ...} for string inputs);
-    answers {"predictions": [{output: value}, ...]} or {"error": ...} with
-    HTTP 404 (unknown model/version) or 400 (bad request);
-  * gRPC: tensorflow.serving.PredictionService/Predict.
-  Inputs are checked against the signature's names, dtypes and shapes, then
-  the signature runs; its InvalidArgumentErrors become INVALID_ARGUMENT.
-  Every request and body is recorded. At most MAX_REQUESTS are answered.
-  """
-
-  MAX_REQUESTS = 100
-  TIMEOUT = 60
-
-  def __init__(self, base_dir, model_name):
-    self.model_name = model_name
-    self.versions = {
-        int(name): tf.saved_model.load(os.path.join(base_dir, name))
-        for name in os.listdir(base_dir) if name.isdigit()}
-    self.rest_requests = []  # (path, parsed JSON body)
-    self.grpc_requests = []  # PredictRequest
-    self._count = 0
-    self._lock = threading.Lock()
-
-    double = self
-
-    class RestHandler(http.server.BaseHTTPRequestHandler):
-      timeout = self.TIMEOUT
-
-      def do_POST(self):  # pylint: disable=invalid-name
-        length = int(self.headers.get("Content-Length", 0))
-        status, body = double.handle_rest(self.path, self.rfile.read(length))
-        data = json.dumps(body).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-      def log_message(self, *args):
-        del args
-
-    self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RestHandler)
-    self._http.daemon_threads = True
-    self.rest_address = f"127.0.0.1:{self._http.server_address[1]}"
-    self._http_thread = threading.Thread(target=self._http.serve_forever,
-                                         daemon=True)
-    self._http_thread.start()
-
-    class Servicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-
-      def Predict(self, request, context):  # pylint: disable=invalid-name
-        return double.handle_grpc(request, context)
-
-    self._grpc = grpc.server(
-        concurrent.futures.ThreadPoolExecutor(max_workers=2),
-        maximum_concurrent_rpcs=4)
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        Servicer(), self._grpc)
-    port = self._grpc.add_insecure_port("127.0.0.1:0")
-    self.grpc_address = f"127.0.0.1:{port}"
-    self._grpc.start()
-
-  def close(self):
-    self._http.shutdown()
-    self._http.server_close()
-    self._grpc.stop(grace=None).wait(10)
-
-  def predict(self, model_name, version, signature_name, inputs):
-    """{output: array} of the request, or raises _Status."""
-    with self._lock:
-      self._count += 1
-      if self._count > self.MAX_REQUESTS:
-        raise _Status("RESOURCE_EXHAUSTED", "test double request limit")
-    if model_name != self.model_name or (
-        version is not None and version not in self.versions):
-      spec = (f"Specific({model_name}, {version})" if version is not None
-              else f"Latest({model_name})")
-      raise _Status("NOT_FOUND", f"Servable not found for request: {spec}")
-    loaded = self.versions[version or max(self.versions)]
-    if signature_name not in loaded.signatures:
-      raise _Status("INVALID_ARGUMENT",
-                    f"Serving signature key \"{signature_name}\" not found.")
-    function = loaded.signatures[signature_name]
-    specs = function.structured_input_signature[1]
-    if set(inputs) != set(specs):
-      raise _Status("INVALID_ARGUMENT",
-                    f"inputs {sorted(inputs)} != signature's {sorted(specs)}")
-    for name, value in inputs.items():
-      spec = specs[name]
-      if value.dtype != spec.dtype:
-        raise _Status("INVALID_ARGUMENT",
-                      f"Expects arg {name} to be {spec.dtype.name} but "
-                      f"{value.dtype.name} is provided")
-      if not spec.shape.is_compatible_with(value.shape):
-        raise _Status("INVALID_ARGUMENT",
-                      f"{name}: shape {value.shape} is not compatible with "
-                      f"the signature's {spec.shape}")
-    try:
-      outputs = function(**inputs)
-    except tf.errors.InvalidArgumentError as e:
-      raise _Status("INVALID_ARGUMENT", e.message) from None
-    return {name: tensor.numpy() for name, tensor in outputs.items()}
-
-  def _spec(self, model_name, version, signature_name):
-    loaded = self.versions.get(version or max(self.versions))
-    if model_name != self.model_name or loaded is None or (
-        signature_name not in loaded.signatures):
-      return None
-    return loaded.signatures[signature_name].structured_input_signature[1]
-
-  def handle_rest(self, path, raw):
-    """(HTTP status, JSON body) of a REST request."""
-    try:
-      match = re.fullmatch(
-          r"/v1/models/([^/:]+)(?:/versions/(\d+))?:predict", path)
-      if not match:
-        raise _Status("NOT_FOUND", f"Malformed request: POST {path}")
-      model_name = match.group(1)
-      version = int(match.group(2)) if match.group(2) else None
-      try:
-        body = json.loads(raw)
-      except ValueError as e:
-        raise _Status("INVALID_ARGUMENT", f"JSON Parse error: {e}") from None
-      self.rest_requests.append((path, body))
-      signature_name = body.get("signature_name", "serving_default")
-      if "instances" not in body:
-        raise _Status("INVALID_ARGUMENT",
-                      "Missing 'instances' key")
-      specs = self._spec(model_name, version, signature_name)
-      if specs is None:  # predict() reports which part is unknown.
-        self.predict(model_name, version, signature_name, {})
-      (name, spec), = specs.items()  # One input: rows are its values.
-      rows = body["instances"]
-      if spec.dtype == tf.string:
-        if not all(isinstance(row, dict) and set(row) == {"b64"}
-                   for row in rows):
-          raise _Status("INVALID_ARGUMENT",
-                        "string tensors must be sent as {\"b64\": ...}")
-        value = tf.constant([base64.b64decode(row["b64"]) for row in rows],
-                            tf.string)
-      else:
-        try:
-          value = tf.constant(np.array(rows, spec.dtype.as_numpy_dtype))
-        except (ValueError, TypeError) as e:
-          raise _Status("INVALID_ARGUMENT", f"bad instances: {e}") from None
-      outputs = self.predict(model_name, version, signature_name,
-                             {name: value})
-      count = len(next(iter(outputs.values())))
-      predictions = [{key: array[i].tolist() for key, array in outputs.items()}
-                     for i in range(count)]
-      return 200, {"predictions": predictions}
-    except _Status as e:
-      return _HTTP_STATUS.get(e.code, 500), {"error": e.message}
-
-  def handle_grpc(self, request, context):
-    self.grpc_requests.append(predict_pb2.PredictRequest.FromString(
-        request.SerializeToString()))
-    version = (request.model_spec.version.value
-               if request.model_spec.HasField("version") else None)
-    try:
-      inputs = {name: tf.constant(tf.make_ndarray(proto)) for name, proto in
-                request.inputs.items()}
-      outputs = self.predict(request.model_spec.name, version,
-                             request.model_spec.signature_name or
-                             "serving_default", inputs)
-    except _Status as e:
-      context.abort(getattr(grpc.StatusCode, e.code), e.message)
-    response = predict_pb2.PredictResponse()
-    response.model_spec.CopyFrom(request.model_spec)
-    for name, array in outputs.items():
-      if not request.output_filter or name in request.output_filter:
-        response.outputs[name].CopyFrom(tf.make_tensor_proto(array))
-    return response
 
 
 def _saved_model_cli(*args):
@@ -278,17 +86,17 @@ class ExportTest(absltest.TestCase):
     train.train(config, cls.model_dir, echo=lambda line: None)
     cls.export_result = testing.run_binary(
         "export", f"--model_dir={cls.model_dir}", f"--export_dir={cls.base}")
-    cls.model, cls.description, cls.step = train.restore_model(cls.model_dir)
+    cls.model, cls.description, cls.step = run_dir.restore_model(cls.model_dir)
     # Held-out images of the dataset the model was trained on.
-    images, _ = input_pipeline.synthetic_arrays("test")
+    images, _ = synthetic.arrays("test")
     cls.pixels = images[:6].astype(np.float32)
-    logits = cls.model(input_pipeline.preprocess_for_eval(
+    logits = cls.model(preprocessing.preprocess_for_eval(
         cls.pixels, cls.description["preprocessing"]), training=False)
     cls.keras_probabilities = tf.nn.softmax(logits).numpy()
     cls.keras_classes = np.argmax(cls.keras_probabilities, axis=-1)
     cls.double = None
     if cls.export_result.returncode == 0:
-      cls.double = TfServingTestDouble(cls.base, MODEL_NAME)
+      cls.double = tf_serving_double.TfServingTestDouble(cls.base, MODEL_NAME)
 
   @classmethod
   def tearDownClass(cls):
@@ -346,13 +154,13 @@ class ExportTest(absltest.TestCase):
     # The names of the training run's dataset, as config.json recorded them.
     self.assertEqual(info["classes"], {
         "count": 10,
-        "names": list(input_pipeline.dataset_info("synthetic").class_names)})
+        "names": list(tfds_data.dataset_info("synthetic").class_names)})
     self.assertEqual(info["input"]["image_size"], 32)
     self.assertEqual(info["model"]["name"], "cifar10")
     self.assertEqual(info["preprocessing"],
                      self.description["preprocessing"])
     self.assertEqual(info["checkpoint"],
-                     train.find_checkpoint(self.model_dir))
+                     run_dir.find_checkpoint(self.model_dir))
 
   def test_saved_model_cli_shows_and_runs_both_signatures(self):
     directory = self.create_tempdir().full_path
@@ -377,12 +185,12 @@ class ExportTest(absltest.TestCase):
           r"(inputs|outputs)\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+"
           r"shape: (\([^)]*\))", block)
     self.assertEqual(sorted(
-        signatures[serving_client.DEFAULT_SIGNATURE]), [
+        signatures[serving_contract.DEFAULT_SIGNATURE]), [
             ("inputs", "images", "DT_FLOAT", "(-1, 32, 32, 3)"),
             ("outputs", "classes", "DT_INT64", "(-1)"),
             ("outputs", "probabilities", "DT_FLOAT", "(-1, 10)")])
     self.assertEqual(sorted(
-        signatures[serving_client.IMAGES_SIGNATURE]), [
+        signatures[serving_contract.IMAGES_SIGNATURE]), [
             ("inputs", "images", "DT_STRING", "(-1)"),
             ("outputs", "classes", "DT_INT64", "(-1)"),
             ("outputs", "probabilities", "DT_FLOAT", "(-1, 10)")])
@@ -421,8 +229,8 @@ class ExportTest(absltest.TestCase):
     for dataset, model_name, count in (("cifar10", "cifar10", 10),
                                        ("cifar100", "cifar100", 100),
                                        ("synthetic", "cifar10", 10)):
-      dataset_info = input_pipeline.dataset_info(dataset)
-      description = train.describe_run(configs.resolve(
+      dataset_info = tfds_data.dataset_info(dataset)
+      description = run_dir.describe_run(configs.resolve(
           "smoke", model=model_name, dataset=dataset), dataset_info)
       info = export.model_info(description, 7, version=3)
       self.assertEqual(info["classes"]["count"], count)
@@ -431,24 +239,24 @@ class ExportTest(absltest.TestCase):
       self.assertLen(set(info["classes"]["names"]), count)
       self.assertEqual(info["preset"], "smoke")
       self.assertEqual(info["step"], 7)
-    imagenet = train.describe_run(
+    imagenet = run_dir.describe_run(
         configs.resolve("smoke", model="imagenet", dataset="imagenet2012"),
-        input_pipeline.dataset_info("imagenet2012"))["dataset"]["class_names"]
+        tfds_data.dataset_info("imagenet2012"))["dataset"]["class_names"]
     self.assertLen(set(imagenet), 1000)
     self.assertTrue(all(re.fullmatch(r"n\d{8}", n) for n in imagenet))
     # A description whose dataset does not match the model is refused.
-    description = train.describe_run(configs.resolve(
+    description = run_dir.describe_run(configs.resolve(
         "smoke", model="cifar100", dataset="cifar100"),
-                                     input_pipeline.dataset_info("cifar100"))
+                                     tfds_data.dataset_info("cifar100"))
     with self.assertRaisesRegex(ValueError, "10 classes but cifar100 has 100"):
       export.export_model(self.model, description, 1,
                           self.create_tempdir().full_path)
 
   def test_imagenet_export_resizes_any_size_inside_the_graph(self):
     model = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
-    description = train.describe_run(configs.resolve(
+    description = run_dir.describe_run(configs.resolve(
         "smoke", model="imagenet", dataset="imagenet2012", width=1 / 16,
-        units=(1, 1, 1, 1), seed=3), input_pipeline.dataset_info(
+        units=(1, 1, 1, 1), seed=3), tfds_data.dataset_info(
             "imagenet2012"))
     base = self.create_tempdir().full_path
     version, path = export.export_model(model, description, 5, base)
@@ -464,7 +272,7 @@ class ExportTest(absltest.TestCase):
     # Integer pixel values: PNG holds them exactly.
     wide = rng.integers(0, 256, (2, 150, 260, 3)).astype(np.float32)
     outputs = loaded.signatures["serving_default"](images=tf.constant(wide))
-    expected = tf.nn.softmax(model(input_pipeline.preprocess_for_eval(
+    expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
         wide, description["preprocessing"]))).numpy()
     self.assertEqual(outputs["probabilities"].shape, (2, 1000))
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,
@@ -474,7 +282,7 @@ class ExportTest(absltest.TestCase):
     files = tf.constant([_png(wide[0]), _png(tall)])
     outputs = loaded.signatures["predict_images"](images=files)
     expected = tf.nn.softmax(model(tf.concat([
-        input_pipeline.preprocess_for_eval(x[np.newaxis],
+        preprocessing.preprocess_for_eval(x[np.newaxis],
                                            description["preprocessing"])
         for x in (wide[0], tall)], 0))).numpy()
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,

@@ -24,7 +24,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from identity_tf import datasets
 from identity_tf import input_pipeline as ip
+from identity_tf import preprocessing
+from identity_tf import synthetic
+from identity_tf import tfds_data
 import testing
 
 # TFDS 4.9.10's download_and_prepare needs the `importlib_resources` backport,
@@ -118,7 +122,7 @@ def _write_imagenet_archives(manual_dir, rng):
 def _config(name):
   """The preprocessing of dataset NAME at its native size (224 for ImageNet);
   the features TFDS knows without the data are all it needs."""
-  return ip.preprocessing_config(ip.dataset_info(name))
+  return datasets.preprocessing_config(tfds_data.dataset_info(name))
 
 
 def _batches(ds, count=None):
@@ -164,7 +168,7 @@ class InputPipelineTest(tf.test.TestCase):
     cls.raw["fashion_mnist"] = testing.write_fashion_mnist_files(
         cls.fashion_raw, rng, FASHION_COUNTS)
     with testing.fewer_mnist_examples(FASHION_COUNTS):
-      ip.prepare("fashion_mnist", cls.data_dir, source_dir=cls.fashion_raw,
+      tfds_data.prepare("fashion_mnist", cls.data_dir, source_dir=cls.fashion_raw,
                  echo=lambda line: None)
 
   @classmethod
@@ -176,65 +180,65 @@ class InputPipelineTest(tf.test.TestCase):
 
   def test_dataset_info_is_read_from_tfds(self):
     # Prepared: the sizes and label names of the files setUpClass wrote.
-    cifar10 = ip.dataset_info("cifar10", self.data_dir)
+    cifar10 = tfds_data.dataset_info("cifar10", self.data_dir)
     self.assertEqual(
         (cifar10.num_classes, cifar10.image_shape, cifar10.train_split,
          cifar10.eval_split, cifar10.num_train_examples,
          cifar10.num_eval_examples),
         (10, (32, 32, 3), "train", "test", 5 * 8, 12))
     self.assertEqual(cifar10.class_names, tuple(f"class{i}" for i in range(10)))
-    cifar100 = ip.dataset_info("cifar100", self.data_dir)
+    cifar100 = tfds_data.dataset_info("cifar100", self.data_dir)
     self.assertEqual((cifar100.num_classes, cifar100.num_train_examples),
                      (100, 40))  # The fine labels.
-    imagenet = ip.dataset_info("imagenet2012", self.data_dir)
+    imagenet = tfds_data.dataset_info("imagenet2012", self.data_dir)
     self.assertEqual((imagenet.image_shape, imagenet.eval_split,
                       imagenet.num_train_examples, imagenet.num_eval_examples,
                       imagenet.jpeg), ((None, None, 3), "validation", 6, 4,
                                        True))
-    fashion = ip.dataset_info("fashion_mnist", self.data_dir)
+    fashion = tfds_data.dataset_info("fashion_mnist", self.data_dir)
     self.assertEqual((fashion.image_shape, fashion.num_train_examples,
                       fashion.num_eval_examples),
                      ((28, 28, 1), FASHION_COUNTS["train"],
                       FASHION_COUNTS["test"]))
     self.assertEqual(fashion.class_names[:2], ("T-shirt/top", "Trouser"))
     # Not prepared: what TFDS's code says, without sizes.
-    svhn = ip.dataset_info("svhn_cropped", self.create_tempdir().full_path)
+    svhn = tfds_data.dataset_info("svhn_cropped", self.create_tempdir().full_path)
     self.assertEqual((svhn.num_classes, svhn.image_shape,
                       svhn.num_train_examples), (10, (32, 32, 3), None))
-    synthetic = ip.dataset_info("synthetic")
+    synthetic = tfds_data.dataset_info("synthetic")
     self.assertEqual((synthetic.num_train_examples, synthetic.eval_split),
                      (10_000, "test"))
     self.assertEqual(json.loads(json.dumps(fashion.to_dict()))["image_shape"],
                      [28, 28, 1])
     with self.assertRaisesRegex(ValueError, "unknown dataset 'no_such'"):
-      ip.dataset_info("no_such")
+      tfds_data.dataset_info("no_such")
     with self.assertRaisesRegex(ValueError,
                                 "not an image-classification dataset"):
-      ip.dataset_info("imdb_reviews")
+      tfds_data.dataset_info("imdb_reviews")
 
   def test_preprocessing_follows_the_image_size(self):
-    fashion = ip.dataset_info("fashion_mnist", self.data_dir)
-    small = ip.preprocessing_config(fashion, 32)
+    fashion = tfds_data.dataset_info("fashion_mnist", self.data_dir)
+    small = datasets.preprocessing_config(fashion, 32)
     self.assertEqual(
         {k: small[k] for k in ("kind", "image_size", "input_size", "channels",
                                "pad", "flip")},
         {"kind": "cifar", "image_size": 32, "input_size": [28, 28],
          "channels": 1, "pad": 4, "flip": True})
-    self.assertEqual(ip.input_shape(small), [28, 28, 1])
-    self.assertEqual(ip.preprocessing_config(fashion)["image_size"], 28)
-    mnist = ip.dataset_info("mnist", self.data_dir)
-    self.assertFalse(ip.preprocessing_config(mnist, 32)["flip"])  # Digits.
-    self.assertTrue(ip.preprocessing_config(mnist, 32, flip=True)["flip"])
-    imagenet = ip.preprocessing_config(
-        ip.dataset_info("imagenet2012", self.data_dir), 224)
+    self.assertEqual(datasets.input_shape(small), [28, 28, 1])
+    self.assertEqual(datasets.preprocessing_config(fashion)["image_size"], 28)
+    mnist = tfds_data.dataset_info("mnist", self.data_dir)
+    self.assertFalse(datasets.preprocessing_config(mnist, 32)["flip"])  # Digits.
+    self.assertTrue(datasets.preprocessing_config(mnist, 32, flip=True)["flip"])
+    imagenet = datasets.preprocessing_config(
+        tfds_data.dataset_info("imagenet2012", self.data_dir), 224)
     self.assertEqual((imagenet["kind"], imagenet["resize"]), ("imagenet", 256))
     # Larger than the network's input: cropped and resized like ImageNet.
-    self.assertEqual(ip.preprocessing_config(
-        ip.dataset_info("cifar10", self.data_dir), 24)["kind"], "imagenet")
+    self.assertEqual(datasets.preprocessing_config(
+        tfds_data.dataset_info("cifar10", self.data_dir), 24)["kind"], "imagenet")
     for config in (small, imagenet):
       self.assertEqual(json.loads(json.dumps(config)), config)
     with self.assertRaisesRegex(ValueError, "less than half"):
-      ip.preprocessing_config(fashion, 224)
+      datasets.preprocessing_config(fashion, 224)
     with self.assertRaisesRegex(ValueError, "unknown split 'validation'"):
       ip.build_dataset("synthetic", "validation", 8, training=False)
     with self.assertRaisesRegex(ValueError, "batch_size must be a positive"):
@@ -245,24 +249,24 @@ class InputPipelineTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "start_step must be"):
       ip.build_dataset("synthetic", "test", 8, training=False, start_step=3)
     with self.assertRaisesRegex(ValueError, "unknown preprocessing kind"):
-      ip.preprocess_for_eval(tf.zeros([1, 32, 32, 3]), {"kind": "mnist"})
+      preprocessing.preprocess_for_eval(tf.zeros([1, 32, 32, 3]), {"kind": "mnist"})
 
   # --- missing datasets ---------------------------------------------------
 
   def test_prepare_refuses_what_it_cannot_do(self):
     empty = self.create_tempdir().full_path
     with self.assertRaisesRegex(ValueError, "generated in process"):
-      ip.prepare("synthetic", empty)
+      tfds_data.prepare("synthetic", empty)
     with self.assertRaisesRegex(
         ValueError, "imagenet2012 needs ILSVRC2012_img_train.tar and "
         "ILSVRC2012_img_val.tar in " + os.path.join(empty, "downloads", "manual")):
-      ip.prepare("imagenet2012", empty)
+      tfds_data.prepare("imagenet2012", empty)
     # An unknown name is refused from what TFDS ships, offline, without
     # touching the home directory (the suite runs with an unwritable HOME and
     # no network: tests/fresh_machine_test.py).
     with self.assertRaisesRegex(ValueError,
                                 "^unknown dataset 'no_such_dataset': "):
-      ip.prepare("no_such_dataset", empty)
+      tfds_data.prepare("no_such_dataset", empty)
     self.assertEqual(os.listdir(empty), [])
 
   def test_missing_dataset_is_one_clear_error(self):
@@ -281,8 +285,8 @@ class InputPipelineTest(tf.test.TestCase):
           "--dataset=fashion_mnist", "no internet needed"]),
     ]
     for name, data_dir, expected in cases:
-      split = ip.dataset_info(name).train_split
-      with self.assertRaises(ip.DatasetNotReadyError) as caught:
+      split = tfds_data.dataset_info(name).train_split
+      with self.assertRaises(tfds_data.DatasetNotReadyError) as caught:
         ip.build_dataset(name, split, 4, training=True, data_dir=data_dir)
       message = str(caught.exception)
       self.assertIsInstance(caught.exception, ValueError)
@@ -292,7 +296,7 @@ class InputPipelineTest(tf.test.TestCase):
         self.assertIn(text, message)
     # Without --data_dir: TFDS's default directory, named as such.
     with mock.patch.object(tfds.core.constants, "DATA_DIR", empty):
-      with self.assertRaisesRegex(ip.DatasetNotReadyError,
+      with self.assertRaisesRegex(tfds_data.DatasetNotReadyError,
                                   f"{empty} \\(TFDS's default; --data_dir not"):
         ip.build_dataset("cifar10", "test", 4, training=False)
     self.assertEqual(os.listdir(empty), [])  # Nothing was downloaded.
@@ -370,7 +374,7 @@ class InputPipelineTest(tf.test.TestCase):
   def test_fashion_mnist_prepared_from_local_files_reads_back_exactly(self):
     for split in ("train", "test"):
       raw_images, raw_labels = self.raw["fashion_mnist"][split]
-      images, labels, info = ip.load_arrays("fashion_mnist", split,
+      images, labels, info = tfds_data.load_arrays("fashion_mnist", split,
                                             self.data_dir)
       self.assertEqual(images.shape, raw_images.shape)
       self.assertEqual(info.image_shape, (28, 28, 1))
@@ -381,8 +385,8 @@ class InputPipelineTest(tf.test.TestCase):
       np.testing.assert_array_equal(images, raw_images[order])
       np.testing.assert_array_equal(labels, raw_labels[order])
     # For the CIFAR network: 28x28 grey -> 32x32 RGB, zero-padded.
-    config = ip.preprocessing_config(
-        ip.dataset_info("fashion_mnist", self.data_dir), 32)
+    config = datasets.preprocessing_config(
+        tfds_data.dataset_info("fashion_mnist", self.data_dir), 32)
     (batch, _), = _batches(ip.build_dataset(
         "fashion_mnist", "train", 8, training=True, data_dir=self.data_dir,
         preprocessing=config), 1)
@@ -393,19 +397,19 @@ class InputPipelineTest(tf.test.TestCase):
     data_dir = self.create_tempdir().full_path
     lines = []
     with testing.fewer_mnist_examples(FASHION_COUNTS), mock.patch.dict(
-        ip.DEBIAN_SOURCES,
+        datasets.DEBIAN_SOURCES,
         {"fashion_mnist": ("dataset-fashion-mnist", self.fashion_raw)}):
-      ip.prepare("fashion_mnist", data_dir, echo=lines.append)
+      tfds_data.prepare("fashion_mnist", data_dir, echo=lines.append)
     self.assertIn(f"from the files in {self.fashion_raw} (no download)",
                   lines[0])
     self.assertEqual(
-        ip.dataset_info("fashion_mnist", data_dir).num_train_examples,
+        tfds_data.dataset_info("fashion_mnist", data_dir).num_train_examples,
         FASHION_COUNTS["train"])
     incomplete = self.create_tempdir().full_path
     shutil.copy(os.path.join(self.fashion_raw,
                              testing.FASHION_FILES["train"][0]), incomplete)
     with self.assertRaises(ValueError) as caught:
-      ip.prepare("fashion_mnist", self.create_tempdir().full_path,
+      tfds_data.prepare("fashion_mnist", self.create_tempdir().full_path,
                  source_dir=incomplete, echo=lambda line: None)
     message = str(caught.exception)
     self.assertNotIn("\n", message)
@@ -415,22 +419,22 @@ class InputPipelineTest(tf.test.TestCase):
                      "http://fashion-mnist")
     self.assertNotIn(testing.FASHION_FILES["train"][0] + ",", message)
     with self.assertRaisesRegex(ValueError, "is not a directory"):
-      ip.prepare("fashion_mnist", data_dir, source_dir=incomplete + "/absent")
+      tfds_data.prepare("fashion_mnist", data_dir, source_dir=incomplete + "/absent")
 
   def test_grayscale_is_padded_and_replicated_like_numpy_does(self):
-    fashion = ip.preprocessing_config(
-        ip.dataset_info("fashion_mnist", self.data_dir), 32)
+    fashion = datasets.preprocessing_config(
+        tfds_data.dataset_info("fashion_mnist", self.data_dir), 32)
     images = np.random.default_rng(7).integers(0, 256, (3, 28, 28, 1))
     # Evaluation: centred zero-padding 28 -> 32, grey into R, G and B, then
     # per-image standardisation.
     padded = np.repeat(np.pad(images, [(0, 0), (2, 2), (2, 2), (0, 0)]), 3,
                        axis=3)
-    self.assertAllClose(ip.preprocess_for_eval(images.astype(np.uint8),
+    self.assertAllClose(preprocessing.preprocess_for_eval(images.astype(np.uint8),
                                                fashion),
                         _numpy_standardized(padded), atol=1e-5)
     # Training: a 32x32 window of the padded image, moved by up to 4 pixels.
     seeds = tf.constant([[1, 2], [3, 4]], tf.int32)
-    crop = ip.random_pad_crop_flip(images[0].astype(np.uint8), fashion,
+    crop = preprocessing.random_pad_crop_flip(images[0].astype(np.uint8), fashion,
                                    seeds).numpy()
     frame = np.pad(padded[0], [(4, 4), (4, 4), (0, 0)])
     windows = [frame[y:y + 32, x:x + 32] for y in range(9) for x in range(9)]
@@ -441,7 +445,7 @@ class InputPipelineTest(tf.test.TestCase):
     # TFDS's mock examples (random images, encoded as the dataset's features
     # encode them), with the prepared directory's metadata.
     for name in ("cifar10", "cifar100", "imagenet2012"):
-      info = ip.dataset_info(name, self.data_dir)
+      info = tfds_data.dataset_info(name, self.data_dir)
       size = 224 if name == "imagenet2012" else 32
       with tfds.testing.mock_data(num_examples=6, data_dir=self.data_dir):
         (images, labels), = _batches(ip.build_dataset(
@@ -464,8 +468,8 @@ class InputPipelineTest(tf.test.TestCase):
     padded = np.pad(image, [(4, 4), (4, 4), (0, 0)])
     samples = 300
     crops = tf.data.Dataset.range(samples).map(
-        lambda i: ip.random_pad_crop_flip(
-            image, config, ip.example_seeds(7, i, 0, 2)))
+        lambda i: preprocessing.random_pad_crop_flip(
+            image, config, preprocessing.example_seeds(7, i, 0, 2)))
     crops = next(iter(crops.batch(samples))).numpy()
     offsets, flips = [], 0
     for crop in crops:
@@ -485,20 +489,20 @@ class InputPipelineTest(tf.test.TestCase):
     self.assertBetween(flips / samples, 0.4, 0.6)
 
   def test_per_image_standardisation(self):
-    images = tf.constant(ip.synthetic_arrays("train")[0][:16])
+    images = tf.constant(synthetic.arrays("train")[0][:16])
     config = _config("synthetic")
     augmented = tf.data.Dataset.range(16).map(
-        lambda i: ip.augment_cifar(tf.gather(images, i), config,
-                                   ip.example_seeds(0, i, 0, 2)))
+        lambda i: preprocessing.augment_cifar(tf.gather(images, i), config,
+                                   preprocessing.example_seeds(0, i, 0, 2)))
     for batch in (next(iter(augmented.batch(16))).numpy(),
-                  ip.preprocess_for_eval(images[:16], config).numpy()):
+                  preprocessing.preprocess_for_eval(images[:16], config).numpy()):
       self.assertAllClose(batch.mean(axis=(1, 2, 3)), np.zeros(16), atol=1e-4)
       self.assertAllClose(batch.std(axis=(1, 2, 3)), np.ones(16), atol=1e-3)
 
   def test_imagenet_random_resized_crop_window(self):
     config = _config("imagenet2012")
     shape = tf.constant([300, 400, 3])
-    windows = [ip.random_resized_crop_window(shape, config,
+    windows = [preprocessing.random_resized_crop_window(shape, config,
                                              tf.constant([3, i]))
                for i in range(100)]
     areas = []
@@ -517,8 +521,8 @@ class InputPipelineTest(tf.test.TestCase):
     pixels = np.random.default_rng(1).integers(0, 256, (300, 400, 3))
     jpeg = tf.io.encode_jpeg(pixels.astype(np.uint8), quality=100)
     seeds = tf.constant([[1, 2], [3, 4]])
-    from_jpeg = ip.augment_imagenet(jpeg, config, seeds)
-    decoded = ip.augment_imagenet(tf.io.decode_jpeg(jpeg), config, seeds)
+    from_jpeg = preprocessing.augment_imagenet(jpeg, config, seeds)
+    decoded = preprocessing.augment_imagenet(tf.io.decode_jpeg(jpeg), config, seeds)
     self.assertEqual(from_jpeg.shape, (224, 224, 3))
     self.assertAllClose(from_jpeg, decoded, atol=1e-3)
 
@@ -527,34 +531,34 @@ class InputPipelineTest(tf.test.TestCase):
     # is exactly the central 224x224, normalised per channel.
     config = _config("imagenet2012")
     images = np.random.default_rng(2).integers(0, 256, (2, 256, 320, 3))
-    out = ip.preprocess_for_eval(images.astype(np.uint8), config).numpy()
-    expected = ((images[:, 16:240, 48:272, :] - np.array(ip.IMAGENET_MEAN)) /
-                np.array(ip.IMAGENET_STD))
+    out = preprocessing.preprocess_for_eval(images.astype(np.uint8), config).numpy()
+    expected = ((images[:, 16:240, 48:272, :] - np.array(datasets.IMAGENET_MEAN)) /
+                np.array(datasets.IMAGENET_STD))
     self.assertAllClose(out, expected, atol=1e-4)
     # Any size, uint8 or float, inside a SavedModel-style signature.
     signature = tf.function(
-        lambda x: ip.preprocess_for_eval(x, config),
+        lambda x: preprocessing.preprocess_for_eval(x, config),
         input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8)])
     big = np.random.default_rng(3).integers(0, 256, (1, 500, 375, 3))
     from_uint8 = signature(tf.constant(big, tf.uint8))
     self.assertEqual(from_uint8.shape, (1, 224, 224, 3))
     self.assertAllClose(from_uint8,
-                        ip.preprocess_for_eval(big.astype(np.float32), config))
+                        preprocessing.preprocess_for_eval(big.astype(np.float32), config))
     # CIFAR: per-image standardisation, nothing else.
     cifar = _config("cifar10")
     small = np.random.default_rng(4).integers(0, 256, (3, 32, 32, 3))
-    self.assertAllClose(ip.preprocess_for_eval(small.astype(np.uint8), cifar),
+    self.assertAllClose(preprocessing.preprocess_for_eval(small.astype(np.uint8), cifar),
                         _standardized(small), atol=1e-5)
 
   # --- synthetic ----------------------------------------------------------
 
   def test_synthetic_is_deterministic_learnable_and_not_one_pixel(self):
-    images, labels = ip.synthetic_arrays("train")
-    test_images, test_labels = ip.synthetic_arrays("test")
+    images, labels = synthetic.arrays("train")
+    test_images, test_labels = synthetic.arrays("test")
     self.assertEqual(images.shape, (10_000, 32, 32, 3))
     self.assertEqual(test_images.shape, (2_000, 32, 32, 3))
     self.assertEqual(images.dtype, np.uint8)
-    again, again_labels = ip.synthetic_arrays.__wrapped__("train")
+    again, again_labels = synthetic.arrays.__wrapped__("train")
     self.assertAllEqual(images, again)
     self.assertAllEqual(labels, again_labels)
     self.assertGreater(np.bincount(labels, minlength=10).min(), 800)
@@ -699,7 +703,7 @@ class InputPipelineTest(tf.test.TestCase):
 
   def test_evaluation_is_one_deterministic_pass(self):
     config = _config("synthetic")
-    images, labels = ip.synthetic_arrays("test")
+    images, labels = synthetic.arrays("test")
     ds = ip.build_dataset("synthetic", "test", 64, training=False,
                           num_examples=150)
     first, second = _batches(ds), _batches(ds)
@@ -708,7 +712,7 @@ class InputPipelineTest(tf.test.TestCase):
       self.assertAllEqual(x1, x2)
       self.assertAllEqual(y1, y2)
     self.assertAllClose(np.concatenate([x for x, _ in first]),
-                        ip.preprocess_for_eval(images[:150], config),
+                        preprocessing.preprocess_for_eval(images[:150], config),
                         atol=1e-5)
     self.assertAllEqual(np.concatenate([y for _, y in first]), labels[:150])
 

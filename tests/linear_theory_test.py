@@ -163,7 +163,7 @@ class ConstructTest(absltest.TestCase):
     self.assertLess(report["residual"],
                     1e-11 * max(1.0, np.linalg.norm(r)) * max(1, layers / 10))
     self.assertLessEqual(report["max_norm"], report["bound"])
-    self.assertLessEqual(report["max_norm"], report["bound_reviews"])
+    self.assertLessEqual(report["max_norm"], report["bound_additive"])
     np.testing.assert_allclose(sequential_product(a), r, atol=1e-9 * max(
         1.0, np.linalg.norm(r)))
     return report
@@ -212,7 +212,7 @@ class ConstructTest(absltest.TestCase):
         scale = math.expm1(gamma / k_scale) if k_scale else 0.0
         worst = max(rot, scale)
         self.assertLessEqual(worst, lt.iclr_bound(gamma, layers))
-        self.assertLessEqual(worst, lt.reviews_bound(gamma, layers))
+        self.assertLessEqual(worst, lt.additive_bound(gamma, layers))
 
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, r"det\(I \+ A\) > 0"):
@@ -251,7 +251,7 @@ class BoundTest(absltest.TestCase):
     tight = lt.gradient_bound(zero, r, 2.0 * np.eye(3), 0.0)
     self.assertAlmostEqual(tight["lhs"] / tight["rhs"], 1.0, places=10)
     self.assertTrue(tight["holds"])
-    # The seeds' sigma_min(Sigma)^2 is refuted once sigma_min(Sigma) > 1 ...
+    # The squared form's sigma_min(Sigma)^2 is refuted once sigma_min(Sigma) > 1 ...
     seeded = lt.gradient_bound(zero, r, 2.0 * np.eye(3), 0.0, sigma_power=2)
     self.assertFalse(seeded["holds"])
     # ... and implied by power 1 (so true) when sigma_min(Sigma) <= 1.

@@ -266,9 +266,9 @@ class NetworkTest(absltest.TestCase):
 
   def test_normalisation_only_in_resnet_bn(self):
     for name in ("cifar10", "cifar100", "imagenet"):
-      self.assertEmpty(model_lib.normalization_layers(
+      self.assertEmpty(testing.normalization_layers(
           identity_tf.build_model(name, units=1, width=0.125)), name)
-    self.assertLen(model_lib.normalization_layers(tiny("resnet_bn")),
+    self.assertLen(testing.normalization_layers(tiny("resnet_bn")),
                    2 * 3 + 1)
 
   def test_fit_trains_convolutions_and_leaves_projection_alone(self):
@@ -327,8 +327,9 @@ class NetworkTest(absltest.TestCase):
   def test_bad_options_name_the_valid_values(self):
     cases = [
         (dict(name="cifar11"), "valid: cifar10, cifar100, imagenet, resnet_bn"),
-        (dict(name="cifar10", units=0), "units must be a positive integer"),
-        (dict(name="cifar10", units=[9, 9]), "3 positive integers"),
+        (dict(name="cifar10", units=0), "units must be one positive integer"),
+        (dict(name="cifar10", units=[9, 9]), "or 3 \\(one per stage of "
+         "cifar10\\), got 9,9"),
         (dict(name="cifar10", width=-1.0), "width must be a positive"),
         (dict(name="cifar10", head="linear"), "valid: frozen, trainable"),
         (dict(name="cifar10", init="he"), "valid: paper, standard"),
@@ -363,8 +364,8 @@ class SummaryBinaryTest(absltest.TestCase):
     result = testing.run_binary("summary", "--model=cifar10", "--units=0")
     self.assertEqual(result.returncode, 1)
     self.assertEqual(testing.last_stderr_line(result),
-                     "error: units must be a positive integer or 3 positive "
-                     "integers (one per stage), got 0")
+                     "error: units must be one positive integer or 3 (one "
+                     "per stage of cifar10), got 0")
     self.assertNotIn("Traceback", result.stderr)
 
 

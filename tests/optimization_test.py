@@ -13,8 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
-from identity_tf import input_pipeline
 from identity_tf import optimization
+from identity_tf import tfds_data
 from identity_tf import train
 
 # Two logical CPUs for MirroredStrategy, set before TensorFlow starts.
@@ -114,7 +114,7 @@ class ReplicasTest(absltest.TestCase):
     config = configs.override(
         configs.PRESETS["smoke"], width=0.0625, units=(1,), batch_size=8,
         learning_rate=0.5, weight_decay=0.0, **clipping)
-    info = input_pipeline.dataset_info("synthetic")
+    info = tfds_data.dataset_info("synthetic")
     rng = np.random.default_rng(3)
     images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)

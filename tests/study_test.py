@@ -10,7 +10,6 @@ import os
 import statistics
 
 from absl.testing import absltest
-import numpy as np
 
 from identity_tf import configs
 from identity_tf import study

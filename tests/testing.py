@@ -6,6 +6,7 @@ import subprocess
 import sys
 from unittest import mock
 
+from absl.testing import absltest
 import numpy as np
 
 
@@ -18,25 +19,59 @@ def source_root():
   return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_binary(name, *args, timeout=600, env=None, check=False):
-  """Runs bin/NAME.py with ARGS in a fresh interpreter; returns CompletedProcess.
+def binary_command(name, *args):
+  """The command line of bin/NAME.py with ARGS, run by this interpreter."""
+  return [sys.executable, os.path.join(source_root(), "bin", name + ".py"),
+          *map(str, args)]
 
-  The child gets the same python and an environment in which `identity_tf`
-  imports from this source tree, exactly like `bazel run //bin:NAME`.
-  """
-  root = source_root()
+
+def binary_env(env=None):
+  """ENV (default: ours) in which `identity_tf` imports from this source
+  tree, exactly like `bazel run //bin:NAME`."""
   child_env = dict(os.environ if env is None else env)
-  child_env["PYTHONPATH"] = root + os.pathsep + child_env.get("PYTHONPATH", "")
+  child_env["PYTHONPATH"] = (source_root() + os.pathsep +
+                             child_env.get("PYTHONPATH", ""))
   child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return child_env
+
+
+def run_binary(name, *args, timeout=600, env=None, check=False):
+  """Runs bin/NAME.py with ARGS in a fresh interpreter; returns CompletedProcess."""
   result = subprocess.run(
-      [sys.executable, os.path.join(root, "bin", name + ".py"), *map(str, args)],
-      capture_output=True, text=True, timeout=timeout, env=child_env,
-      check=False)
+      binary_command(name, *args), capture_output=True, text=True,
+      timeout=timeout, env=binary_env(env), check=False)
   if check and result.returncode != 0:
     raise AssertionError(
         f"bin/{name}.py {' '.join(map(str, args))} exited {result.returncode}:\n"
         f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
   return result
+
+
+class ProcessTestCase(absltest.TestCase):
+  """A test case whose binaries run as child processes, killed and reaped
+  (their pipes closed) after each test."""
+
+  def setUp(self):
+    super().setUp()
+    self._processes = []
+
+  def start_binary(self, name, *args, env=None, stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE):
+    """bin/NAME.py with ARGS as a child process (text pipes by default)."""
+    process = subprocess.Popen(binary_command(name, *args), stdout=stdout,
+                               stderr=stderr, text=True, env=binary_env(env))
+    self._processes.append(process)
+    return process
+
+  def tearDown(self):
+    for process in self._processes:
+      if process.poll() is None:
+        process.kill()
+      process.wait()
+      for stream in (process.stdout, process.stderr):
+        if stream is not None:
+          stream.close()
+    super().tearDown()
 
 
 def last_stderr_line(result):
@@ -81,3 +116,26 @@ def fewer_mnist_examples(counts):
   from tensorflow_datasets.image_classification import mnist  # pylint: disable=g-import-not-at-top
   return mock.patch.multiple(mnist, _TRAIN_EXAMPLES=counts["train"],
                              _TEST_EXAMPLES=counts["test"])
+
+
+def normalization_layers(model):
+  """Every normalisation layer inside MODEL, nested units included."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
+  norms = (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+           keras.layers.GroupNormalization, keras.layers.UnitNormalization)
+  found, stack = [], list(model.layers)
+  while stack:
+    layer = stack.pop()
+    found += [layer] if isinstance(layer, norms) else []
+    stack += model_lib.sublayers(layer)
+  return found
+
+
+def flag_error(result):
+  """The message of absl's flag check in a process's stderr, or ""."""
+  prefix = "FATAL Flags parsing error: "
+  for line in result.stderr.splitlines():
+    if line.startswith(prefix):
+      return line[len(prefix):]
+  return ""

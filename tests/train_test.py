@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,13 +20,14 @@ import tensorflow as tf
 
 import identity_tf
 from identity_tf import configs
-from identity_tf import input_pipeline
 from identity_tf import model as model_lib
 from identity_tf import optimization
+from identity_tf import run_dir
+from identity_tf import tfds_data
 from identity_tf import train
 import testing
 
-SYNTHETIC = input_pipeline.dataset_info("synthetic")
+SYNTHETIC = tfds_data.dataset_info("synthetic")
 
 # A tiny, deterministic run on the synthetic dataset, as binary flags.
 TINY = dict(preset="smoke", width=0.0625, units=1, batch_size=16,
@@ -41,28 +41,15 @@ def _flags(**values):
           for name, v in values.items()]
 
 
-def _popen_binary(name, *args):
-  """bin/NAME.py as a child process (testing.run_binary's recipe), piped."""
-  env = dict(os.environ)
-  env["PYTHONPATH"] = testing.source_root() + os.pathsep + env.get(
-      "PYTHONPATH", "")
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  return subprocess.Popen(
-      [sys.executable, os.path.join(testing.source_root(), "bin", name + ".py"),
-       *map(str, args)],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _wait_for_line(process, prefix, timeout=300):
-  """Reads PROCESS's stdout until a line starting with PREFIX; returns it."""
+def _wait_for_line(stream, prefix, timeout=300):
+  """Reads STREAM (a process's pipe) until a line starting with PREFIX."""
   deadline = time.time() + timeout
-  for line in process.stdout:
+  for line in stream:
     if line.startswith(prefix):
       return line
     if time.time() > deadline:
       break
-  raise AssertionError(f"no line starting with {prefix!r} from the process "
-                       f"(exit code {process.poll()})")
+  raise AssertionError(f"no line starting with {prefix!r} from the process")
 
 
 def _checkpoint_tensors(path):
@@ -80,9 +67,9 @@ class PresetTest(absltest.TestCase):
     config = configs.resolve(preset, **overrides)
     # The dataset's classes and image shape come from TFDS's code; it is not
     # prepared here, so its size is unknown.
-    info = input_pipeline.dataset_info(config.dataset)
-    train.write_run(model_dir, train.describe_run(config, info))
-    with open(os.path.join(model_dir, train.CONFIG_FILE)) as f:
+    info = tfds_data.dataset_info(config.dataset)
+    run_dir.write_run(model_dir, run_dir.describe_run(config, info))
+    with open(os.path.join(model_dir, run_dir.CONFIG_FILE)) as f:
       return json.load(f)
 
   def test_cifar_presets_are_the_papers_numbers(self):
@@ -153,7 +140,7 @@ class PresetTest(absltest.TestCase):
                        (True, "trainable", "standard"), preset)
       model = model_lib.build_model("resnet_bn", **{**options, "width": 0.125,
                                                     "units": 1})
-      self.assertNotEmpty(model_lib.normalization_layers(model))
+      self.assertNotEmpty(testing.normalization_layers(model))
 
   def test_dry_run_writes_the_resolved_configuration_with_overrides(self):
     model_dir = self.create_tempdir().full_path
@@ -161,13 +148,13 @@ class PresetTest(absltest.TestCase):
         "train", "--preset=cifar10_paper", f"--model_dir={model_dir}",
         "--learning_rate=0.1", "--lr_boundaries=100,200", "--dry_run",
         check=True)
-    with open(os.path.join(model_dir, train.CONFIG_FILE)) as f:
+    with open(os.path.join(model_dir, run_dir.CONFIG_FILE)) as f:
       config = json.load(f)["config"]
     self.assertEqual(config["learning_rate"], 0.1)       # Overridden.
     self.assertEqual(config["lr_boundaries"], [100, 200])  # Overridden.
     self.assertEqual(config["batch_size"], 128)            # The preset's.
     self.assertEqual(config["weight_decay"], 1e-4)
-    self.assertIn('"learning_rate": 0.1', result.stdout)  # Printed at start.
+    self.assertIn('"learning_rate": 0.1', result.stderr)  # Printed at start.
     self.assertFalse(tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*")))
 
 
@@ -188,12 +175,14 @@ class ConfigErrorTest(absltest.TestCase):
         "--grad_clip_norm must be >= 0 (0: off), got -1.0":
             dict(grad_clip_norm=-1.0),
         "--agc_clip must be >= 0": dict(agc_clip=float("nan")),
-        "--residual must be one of plain, skipinit, fixup":
+        # The network's options: the architecture table's one validator.
+        "unknown residual 'rezero'; valid: plain, skipinit, fixup":
             dict(residual="rezero"),
-        "--residual=fixup re-parametrises the normalisation-free unit":
+        "residual='fixup' is a normalisation-free parametrisation":
             dict(residual="fixup", norm=True),
-        "--units must be one positive integer or 3 (one per stage of "
-        "--model=cifar10), got 1,2": dict(units="1,2"),
+        "units must be one positive integer or 3 (one per stage of "
+        "cifar10), got 1,2": dict(units="1,2"),
+        "width must be a positive multiplier": dict(width=float("nan")),
         "--lr_boundaries must be increasing": dict(lr_boundaries="50,10"),
         "--lr_boundaries must be comma-separated integers":
             dict(lr_boundaries="a,b"),
@@ -207,11 +196,11 @@ class ConfigErrorTest(absltest.TestCase):
   def test_resuming_a_different_network_is_refused(self):
     model_dir = self.create_tempdir().full_path
     config = configs.resolve("smoke")
-    train.write_run(model_dir, train.describe_run(config, SYNTHETIC))
-    train.check_resumable(model_dir, configs.override(config, train_steps=9))
+    run_dir.write_run(model_dir, run_dir.describe_run(config, SYNTHETIC))
+    run_dir.check_resumable(model_dir, configs.override(config, train_steps=9))
     with self.assertRaisesRegex(ValueError,
                                 r"different network: width \(0.25 -> 0.5\)"):
-      train.check_resumable(model_dir, configs.override(config, width=0.5))
+      run_dir.check_resumable(model_dir, configs.override(config, width=0.5))
 
   def test_binary_reports_bad_flags_in_one_line(self):
     model_dir = self.create_tempdir().full_path
@@ -259,17 +248,19 @@ class TrainingTest(absltest.TestCase):
     # Clearly above chance (10 classes) on the held-out split.
     eval_top1 = float(done[0].split("evaluation top-1 ")[1].split()[0])
     self.assertGreater(eval_top1, 0.3)
-    self.assertEqual(train.checkpoint_step(tf.train.latest_checkpoint(
+    self.assertEqual(run_dir.checkpoint_step(tf.train.latest_checkpoint(
         model_dir)), 200)
-    # Progress lines are JSON objects with what shows a divergence coming.
-    progress = [json.loads(line) for line in lines
+    # Progress lines (stderr: results alone go to stdout) are JSON objects
+    # with what shows a divergence coming.
+    self.assertEqual(lines[0], done[0])
+    progress = [json.loads(line) for line in result.stderr.splitlines()
                 if line.startswith('{"step"') and '"eval"' not in line]
     self.assertEqual([p["step"] for p in progress], list(range(50, 201, 50)))
     self.assertEqual(list(progress[-1]["activation_rms"]),
                      ["stem", "stage1", "stage2", "stage3", "logits"])
     self.assertGreater(progress[-1]["grad_norm"], 0)
     self.assertGreater(progress[-1]["update_ratio"], 0)
-    scalars = train.read_scalars(os.path.join(model_dir, "train"))
+    scalars = run_dir.read_scalars(os.path.join(model_dir, "train"))
     for name in ("loss", "top1", "learning_rate", "images_per_second",
                  "residual_branch_norm/stage1", "residual_branch_norm/stage2",
                  "residual_branch_norm/stage3", "grad_norm", "update_ratio",
@@ -279,7 +270,7 @@ class TrainingTest(absltest.TestCase):
     losses = [value for _, value in sorted(scalars["loss"])]
     self.assertLess(losses[-1], losses[0] - 0.5)  # ln 10 = 2.30 at the start.
     self.assertGreater(scalars["residual_branch_norm/stage1"][-1][1], 0.0)
-    eval_scalars = train.read_scalars(os.path.join(model_dir, "eval"))
+    eval_scalars = run_dir.read_scalars(os.path.join(model_dir, "eval"))
     self.assertAlmostEqual(eval_scalars["top1"][-1][1], eval_top1, places=3)
 
   def test_memorises_random_labels(self):
@@ -364,7 +355,7 @@ class TrainingTest(absltest.TestCase):
                   echo=lambda line: None, dataset_fn=corrupted_after_step_12)
     self.assertEqual(caught.exception.step, 13)
     latest = tf.train.latest_checkpoint(model_dir)
-    self.assertEqual(train.checkpoint_step(latest), 10)
+    self.assertEqual(run_dir.checkpoint_step(latest), 10)
     for value in _checkpoint_tensors(latest).values():
       if np.issubdtype(np.asarray(value).dtype, np.floating):
         self.assertTrue(np.all(np.isfinite(value)))
@@ -426,14 +417,14 @@ class DiagnosticsTest(absltest.TestCase):
     result = train.train(config, model_dir, echo=lines.append)
     evaluations = [json.loads(line) for line in lines if '"eval"' in line]
     self.assertEqual([e["step"] for e in evaluations], [4, 8, 10])
-    scalars = train.read_scalars(os.path.join(model_dir, "eval"))
+    scalars = run_dir.read_scalars(os.path.join(model_dir, "eval"))
     self.assertEqual([step for step, _ in scalars["top1"]], [4, 8, 10])
     self.assertEqual(result["eval"]["examples"], 64)
     self.assertAlmostEqual(result["eval"]["top1"], scalars["top1"][-1][1],
                            places=5)
 
 
-class InterruptionTest(absltest.TestCase):
+class InterruptionTest(testing.ProcessTestCase):
   """SIGKILL, SIGTERM and resuming a --deterministic run, plus bin/evaluate."""
 
   @classmethod
@@ -447,23 +438,8 @@ class InterruptionTest(absltest.TestCase):
     cls.reference = _checkpoint_tensors(
         tf.train.latest_checkpoint(cls.reference_dir))
 
-  def setUp(self):
-    super().setUp()
-    self.processes = []
-
-  def tearDown(self):
-    for process in self.processes:
-      if process.poll() is None:
-        process.kill()
-      process.wait()
-      process.stdout.close()
-      process.stderr.close()
-    super().tearDown()
-
   def _start(self, name, *args):
-    process = _popen_binary(name, *args)
-    self.processes.append(process)
-    return process
+    return self.start_binary(name, *args)
 
   def _assert_matches_reference(self, model_dir):
     final = _checkpoint_tensors(tf.train.latest_checkpoint(model_dir))
@@ -479,15 +455,15 @@ class InterruptionTest(absltest.TestCase):
   def test_sigkill_then_resume_is_bit_identical(self):
     model_dir = os.path.join(self.root, "killed")
     process = self._start("train", f"--model_dir={model_dir}", *self.flags)
-    _wait_for_line(process, "saved checkpoint")
+    _wait_for_line(process.stderr, "saved checkpoint")
     process.send_signal(signal.SIGKILL)
     self.assertEqual(process.wait(timeout=60), -signal.SIGKILL)
-    killed_at = train.checkpoint_step(tf.train.latest_checkpoint(model_dir))
+    killed_at = run_dir.checkpoint_step(tf.train.latest_checkpoint(model_dir))
     self.assertLess(killed_at, KILL_RUN_STEPS)  # Really killed mid-way.
     resumed = testing.run_binary("train", f"--model_dir={model_dir}",
                                  *self.flags, check=True)
     self.assertIn(f"resumed from {os.path.join(model_dir, 'ckpt-')}",
-                  resumed.stdout)
+                  resumed.stderr)
     self._assert_matches_reference(model_dir)
 
   def test_sigterm_writes_a_checkpoint_and_evaluate_watches(self):
@@ -508,7 +484,7 @@ class InterruptionTest(absltest.TestCase):
                      r"checkpoint .*ckpt-\d+; run the same command again")
     stopped_at = int(message.split("at step ")[1].split(";")[0])
     self.assertLess(stopped_at, KILL_RUN_STEPS)
-    self.assertEqual(train.checkpoint_step(
+    self.assertEqual(run_dir.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), stopped_at)
 
     # One JSON object for the checkpoint SIGTERM wrote.
@@ -525,7 +501,7 @@ class InterruptionTest(absltest.TestCase):
     watcher = self._start("evaluate", f"--model_dir={model_dir}", "--watch",
                           "--watch_interval=0.5", "--watch_timeout=120",
                           "--num_examples=100", "--write_summaries=false")
-    first = json.loads(_wait_for_line(watcher, "{"))
+    first = json.loads(_wait_for_line(watcher.stdout, "{"))
     self.assertEqual(first["global_step"], stopped_at)
     train.train(config, model_dir, echo=lambda line: None)
     self.assertEqual(watcher.wait(timeout=180), 0)
@@ -544,8 +520,8 @@ class InterruptionTest(absltest.TestCase):
     self.assertStartsWith(testing.last_stderr_line(result),
                           "error: no config.json in --model_dir=")
     with self.assertRaisesRegex(ValueError, "no checkpoint .*ckpt-99999"):
-      train.restore_model(self.reference_dir, 99999)
-    _, _, step = train.restore_model(self.reference_dir, "ckpt-140")
+      run_dir.restore_model(self.reference_dir, 99999)
+    _, _, step = run_dir.restore_model(self.reference_dir, "ckpt-140")
     self.assertEqual(step, 140)
 
 

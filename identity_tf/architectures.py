@@ -1,0 +1,128 @@
+"""The paper's architectures and the options of its networks, as data.
+
+The table of `model.build_model`'s networks (Table 1 of Hardt & Ma, 2017,
+and the 34-layer ImageNet variant), their default options and the valid
+values of every option, with `resolve_options`, the one validator of a
+network's options. Pure Python: configurations and flags are checked with it
+before TensorFlow loads.
+"""
+
+import dataclasses
+
+# The values of the networks' options (see `layers` for what they mean).
+HEADS = ("frozen", "trainable")
+INIT_SCHEMES = ("paper", "standard")
+# How a residual unit's branch is parametrised (`layers.ConvResidualUnit`):
+#   plain     x + C2(ReLU(C1 x)), the paper's unit;
+#   skipinit  x + a C2(ReLU(C1 x)) with a trainable scalar a = 0 at init
+#             (SkipInit, De & Smith 2020; ReZero, Bachlechner et al. 2020);
+#   fixup     Fixup (Zhang, Dauphin & Ma 2019): scalar biases and a scalar
+#             multiplier in the branch, C2 = 0 and C1 He-initialised scaled
+#             by L^(-1/2) for L branches.
+RESIDUALS = ("plain", "skipinit", "fixup")
+# The scale of `layers.RandomProjection`'s entries: N(0, 1/classes) (the
+# norm of the features is kept) or N(0, 1/d) (each logit has the variance of
+# one feature, the 2016 resnet's unit-scaling initialiser for its last
+# layer).
+PROJECTION_SCALES = ("classes", "features")
+
+
+# Table 1 / the 34-layer variant. `stem` lists the plain convolutions before
+# the residual stages as (kernel size, channels, stride).
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  stem: tuple
+  widths: tuple
+  units: tuple
+  strides: tuple
+  image_size: int
+
+
+CIFAR = Architecture(stem=((3, 16, 1),), widths=(64, 128, 256),
+                     units=(9, 9, 9), strides=(1, 2, 2), image_size=32)
+IMAGENET = Architecture(stem=((7, 64, 2), (3, 64, 2)),
+                        widths=(64, 128, 256, 512), units=(3, 4, 6, 3),
+                        strides=(1, 2, 2, 2), image_size=224)
+
+# name -> (architecture, default options)
+MODELS = {
+    "cifar10": (CIFAR, dict(classes=10)),
+    "cifar100": (CIFAR, dict(classes=100)),
+    "imagenet": (IMAGENET, dict(classes=1000)),
+    "resnet_bn": (CIFAR, dict(classes=10, norm=True, head="trainable",
+                              init="standard")),
+}
+DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
+                init="paper", seed=0, image_size=None, use_bias=False,
+                residual="plain", projection_scale="classes")
+
+
+def input_size(name):
+  """The height and width of network NAME's input images (its default)."""
+  _check(name in MODELS,
+         f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
+  return MODELS[name][0].image_size
+
+
+def _text(value):
+  """A flag's value as the user wrote it: (1, 2) -> "1,2"."""
+  if isinstance(value, (tuple, list)):
+    return ",".join(map(str, value))
+  return repr(value)
+
+
+def _check(condition, message):
+  if not condition:
+    raise ValueError(message)
+
+
+def resolve_options(name, **options):
+  """Validates NAME and OPTIONS; returns (architecture, complete options).
+
+  The one validator of a network's options: `model.build_model` and
+  `configs.validate` both call it. Options that are None take the model's
+  default; a bad one raises ValueError naming the valid values.
+  """
+  _check(name in MODELS,
+         f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
+  unknown = sorted(set(options) - set(DEFAULTS))
+  _check(not unknown, f"unknown option(s) {', '.join(unknown)} for "
+         f"build_model; valid: {', '.join(sorted(DEFAULTS))}")
+  arch, model_defaults = MODELS[name]
+  opts = {**DEFAULTS, **model_defaults,
+          **{k: v for k, v in options.items() if v is not None}}
+  # One integer (or a sequence of one) is the same in every stage.
+  units = opts["units"] if opts["units"] is not None else arch.units
+  units = tuple(units) if isinstance(units, (tuple, list)) else (units,)
+  if len(units) == 1:
+    units *= len(arch.widths)
+  _check(len(units) == len(arch.widths) and all(
+      isinstance(u, int) and not isinstance(u, bool) and u >= 1
+      for u in units),
+         f"units must be one positive integer or {len(arch.widths)} (one per "
+         f"stage of {name}), got {_text(opts['units'])}")
+  opts["units"] = units
+  _check(isinstance(opts["width"], (int, float)) and opts["width"] > 0,
+         f"width must be a positive multiplier (1.0 = the paper's widths), "
+         f"got {opts['width']!r}")
+  _check(isinstance(opts["classes"], int) and opts["classes"] >= 2,
+         f"classes must be an integer >= 2, got {opts['classes']!r}")
+  _check(opts["head"] in HEADS,
+         f"unknown head {opts['head']!r}; valid: {', '.join(HEADS)}")
+  _check(opts["init"] in INIT_SCHEMES,
+         f"unknown init {opts['init']!r}; valid: "
+         f"{', '.join(INIT_SCHEMES)}")
+  _check(opts["residual"] in RESIDUALS,
+         f"unknown residual {opts['residual']!r}; valid: "
+         f"{', '.join(RESIDUALS)}")
+  _check(not (opts["norm"] and opts["residual"] != "plain"),
+         f"residual={opts['residual']!r} is a normalisation-free "
+         "parametrisation of the identity unit; it does not combine with "
+         "norm=True (the batch-norm baseline's units)")
+  _check(opts["projection_scale"] in PROJECTION_SCALES,
+         f"unknown projection_scale {opts['projection_scale']!r}; valid: "
+         f"{', '.join(PROJECTION_SCALES)}")
+  opts["image_size"] = opts["image_size"] or arch.image_size
+  _check(opts["image_size"] >= 8,
+         f"image_size must be at least 8, got {opts['image_size']}")
+  return arch, opts
