@@ -31,9 +31,9 @@ import types
 
 from absl import app
 from absl import flags
-from absl import logging
 
 from identity_tf import configs
+from identity_tf import cli
 from identity_tf import paths
 
 SUITES = ("train_step", "bf16", "input_pipeline", "linear", "construct")
@@ -140,16 +140,11 @@ def _options():
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
-                     f"flags look like --suite=train_step")
+  cli.begin(argv, "--suite=train_step")
   try:
     options = _options()
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
-  # TensorFlow logs every checkpoint write of the smoke runs at INFO.
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   # pylint: disable=g-import-not-at-top
   from identity_tf import benchmark_suites

@@ -30,6 +30,7 @@ import sys
 from absl import app
 from absl import flags
 
+from identity_tf import cli
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
@@ -68,9 +69,7 @@ def log(message):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; all "
-                     f"options are --flags")
+  cli.begin(argv, "--output_dir=DIR")
   # Importing TensorFlow/Keras takes seconds: only after the flags are valid.
   from identity_tf import construction_run  # pylint: disable=g-import-not-at-top
   try:

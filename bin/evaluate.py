@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from identity_tf import cli
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
@@ -54,12 +55,7 @@ flags.register_multi_flags_validator(
 
 
 def main(argv):
-  # TensorFlow logs every checkpoint write at INFO; keep the terminal for the
-  # progress lines unless --verbosity asks for more.
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}")
+  cli.begin(argv, "--model_dir=DIR")
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from identity_tf import datasets

@@ -17,6 +17,7 @@ import os
 from absl import app
 from absl import flags
 
+from identity_tf import cli
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
@@ -41,9 +42,7 @@ flags.mark_flags_as_required(["model_dir", "export_dir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
-                     f"flags look like --export_dir=BASE")
+  cli.begin(argv, "--export_dir=BASE")
   model_dir = paths.resolve_path(FLAGS.model_dir)
   export_dir = paths.resolve_path(FLAGS.export_dir)
   checkpoint = FLAGS.checkpoint

@@ -21,6 +21,7 @@ import os
 from absl import app
 from absl import flags
 
+from identity_tf import cli
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
@@ -39,9 +40,7 @@ flags.mark_flag_as_required("dataset")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {argv[1:]}; "
-                     "all options are --flags (see --help)")
+  cli.begin(argv, "--dataset=NAME")
   # pylint: disable=g-import-not-at-top
   from identity_tf import tfds_data
   # pylint: enable=g-import-not-at-top

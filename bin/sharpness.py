@@ -18,8 +18,8 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 
+from identity_tf import cli
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
@@ -35,11 +35,7 @@ flags.mark_flag_as_required("model_dir")
 
 
 def main(argv):
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
-                     "all options are --flags (see --help)")
+  cli.begin(argv, "--model_dir=DIR")
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from identity_tf import configs

@@ -18,9 +18,9 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 
 from identity_tf import configs
+from identity_tf import cli
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
@@ -49,11 +49,7 @@ def _echo(line):
 
 
 def main(argv):
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
-                     "all options are --flags (see --help)")
+  cli.begin(argv, "--study=NAME")
   seeds = FLAGS.seeds or None
   study_config = configs.STUDIES[FLAGS.study]
   output_dir = paths.resolve_path(

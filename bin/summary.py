@@ -14,6 +14,7 @@ from absl import app
 from absl import flags
 
 from identity_tf import architectures
+from identity_tf import cli
 from identity_tf import configs
 
 FLAGS = flags.FLAGS
@@ -88,9 +89,7 @@ def print_layer_table(model):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {argv[1:]}; "
-                     "all options are --flags (see --help)")
+  cli.begin(argv, "--model=cifar10")
   # Checked before TensorFlow loads, with the one validator of the options.
   try:
     options = model_options_from_flags()

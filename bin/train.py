@@ -19,10 +19,10 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 
 from identity_tf import architectures
 from identity_tf import configs
+from identity_tf import cli
 from identity_tf import paths
 
 FLAGS = flags.FLAGS
@@ -178,13 +178,7 @@ def _summary(result, config, model_dir):
 
 
 def main(argv):
-  # TensorFlow logs every checkpoint write at INFO; keep the terminal for the
-  # progress lines unless --verbosity asks for more.
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
-                     "flags look like --train_steps=100")
+  cli.begin(argv, "--train_steps=100")
   try:
     config, model_dir = _resolve()
   except ValueError as e:
