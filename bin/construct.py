@@ -103,5 +103,10 @@ def main(argv):
         f"(model.keras: {report['keras_accuracy']}); this is a bug")
 
 
-if __name__ == "__main__":
+def run():
+  """The console script's entry point (pip install: identity-tf-NAME)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -112,5 +112,10 @@ def main(argv):
     raise SystemExit(f"error: {e}") from None
 
 
-if __name__ == "__main__":
+def run():
+  """The console script's entry point (pip install: identity-tf-NAME)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -216,5 +216,10 @@ def main(argv):
     benchmark_command(lt, np, tf)
 
 
-if __name__ == "__main__":
+def run():
+  """The console script's entry point (pip install: identity-tf-NAME)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

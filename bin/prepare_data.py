@@ -56,5 +56,10 @@ def main(argv):
         f"--data_dir={os.path.dirname(os.path.dirname(path))}")
 
 
-if __name__ == "__main__":
+def run():
+  """The console script's entry point (pip install: identity-tf-NAME)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -71,5 +71,10 @@ def main(argv):
                                            names))
 
 
-if __name__ == "__main__":
+def run():
+  """The console script's entry point (pip install: identity-tf-NAME)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

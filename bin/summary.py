@@ -106,5 +106,10 @@ def main(argv):
         "  (frozen projection, batch-norm statistics)")
 
 
-if __name__ == "__main__":
+def run():
+  """The console script's entry point (pip install: identity-tf-NAME)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -145,7 +145,8 @@ class RunStudyTest(absltest.TestCase):
     self.assertNotIn("Traceback", result.stderr)
     result = testing.run_binary("study", "--study=smoke", "--arms=nope",
                                 "--dataset=synthetic", "--report_only",
-                                f"--output_dir={self.create_tempdir()}")
+                                "--output_dir=" +
+                                self.create_tempdir().full_path)
     self.assertEqual(testing.last_stderr_line(result),
                      "error: study smoke has no arm nope; its arms: smoke, "
                      "lr_x10, lr_x10_clip")
