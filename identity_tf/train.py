@@ -207,22 +207,54 @@ def make_train_step(strategy, model, optimizer, config):
 # The loop.
 
 class _Preemption:
-  """Records SIGTERM; the loop checkpoints at the end of the current call."""
+  """SIGTERM: a checkpoint at the end of the current call, then a stop.
 
-  def __init__(self):
+  On one worker, a signal handler records SIGTERM and `check` saves. Under
+  `multi_worker_mirrored` with a cluster, TensorFlow's
+  `PreemptionCheckpointHandler` does it: when any worker gets SIGTERM, every
+  worker saves at the same step (a peer stopping alone would leave the
+  others waiting in the all-reduce) and stops.
+  """
+
+  def __init__(self, strategy, manager):
     self.requested = False
     self._previous = None
+    self._handler = None
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        strategy.cluster_resolver.cluster_spec().as_dict()):
+      self._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+          strategy.cluster_resolver, manager,
+          termination_config=tf.distribute.experimental.TerminationConfig(
+              exit_fn=self._saved))
+    self._manager = manager
+
+  def _saved(self):
+    self.requested = True
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # Not the main thread: no signal handling.
-      self._previous = None
+    if self._handler is None:
+      try:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+      except ValueError:  # Not the main thread: no signal handling.
+        self._previous = None
     return self
 
   def _handle(self, signum, frame):
     del signum, frame
     self.requested = True
+
+  def check(self, step, save):
+    """Raises PreemptedError after SAVE(STEP) if SIGTERM came (here or, with
+    several workers, at a peer)."""
+    if self._handler is not None:
+      self._handler.save_checkpoint_if_preempted(checkpoint_number=step)
+      path = self._manager.latest_checkpoint
+    elif self.requested:
+      path = save(step)
+    if self.requested:
+      raise PreemptedError(
+          f"stopped by SIGTERM at step {step}; wrote checkpoint {path}; run "
+          f"the same command again to resume")
 
   def __exit__(self, *exc):
     if self._previous is not None:
@@ -469,7 +501,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   echo(f"training {config.model} on {config.dataset} for "
        f"{config.train_steps} steps, global batch {config.batch_size}, "
        f"{replicas} replica(s) ({config.strategy}); model_dir {model_dir}")
-  with _Preemption() as preemption:
+  with _Preemption(strategy, manager) as preemption:
     while step < config.train_steps:
       every = [config.log_steps, config.checkpoint_steps]
       if config.eval_steps:
@@ -505,11 +537,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
           for name, value in scalars.items():
             tf.summary.scalar(name, value, step=step)
         writer.flush()
-      if preemption.requested:
-        path = save(step)
-        raise PreemptedError(
-            f"stopped by SIGTERM at step {step}; wrote checkpoint {path}; "
-            f"run the same command again to resume")
+      preemption.check(step, save)
       if step % config.checkpoint_steps == 0 or step >= config.train_steps:
         echo(f"saved checkpoint {save(step)}")
       if chief and config.eval_steps and (

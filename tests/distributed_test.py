@@ -8,8 +8,11 @@ this process on two logical CPUs.
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
+import time
 
 from absl.testing import absltest
 import numpy as np
@@ -47,6 +50,12 @@ def _free_ports(count):
   for s in sockets:
     s.close()
   return ports
+
+
+def _read(process):
+  process.log.flush()
+  with open(process.log.name) as f:
+    return f.read()
 
 
 def _weights(model_dir):
@@ -113,6 +122,45 @@ class DistributedTest(testing.ProcessTestCase):
                      ["checkpoint", "ckpt-10.data-00000-of-00001",
                       "ckpt-10.index", "ckpt-20.data-00000-of-00001",
                       "ckpt-20.index", "config.json", "train"])
+
+  def test_sigterm_to_one_worker_stops_both_at_one_checkpoint(self):
+    # Preemption reaches one machine; TensorFlow's PreemptionCheckpointHandler
+    # makes every worker save at the same step and stop, instead of leaving
+    # the peer waiting in the all-reduce. Re-running resumes them.
+    model_dir = self.create_tempdir().full_path
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    args = [*TINY, "--strategy=multi_worker_mirrored", "--train_steps=2000",
+            "--checkpoint_steps=1000", "--steps_per_loop=1", "--log_steps=5",
+            f"--model_dir={model_dir}"]
+
+    def start_workers():
+      return [self._start(args, {"cluster": cluster,
+                                 "task": {"type": "worker", "index": i}})
+              for i in range(2)]
+
+    workers = start_workers()
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline and '{"step": 10,' not in _read(workers[0]):
+      time.sleep(0.5)
+    self.assertIn('{"step": 10,', _read(workers[0]))
+    workers[1].send_signal(signal.SIGTERM)
+    codes = [worker.wait(timeout=TIMEOUT) for worker in workers]
+    self.assertEqual(codes, [train.PREEMPTED_EXIT_CODE] * 2,
+                     _read(workers[0])[-2000:] + _read(workers[1])[-2000:])
+    stopped = [re.search(r"stopped by SIGTERM at step (\d+)", _read(w))
+               for w in workers]
+    self.assertTrue(all(stopped), [_read(w)[-500:] for w in workers])
+    steps = {int(match.group(1)) for match in stopped}
+    self.assertLen(steps, 1)  # Both at one step.
+    (step,) = steps
+    self.assertEqual(
+        run_dir.checkpoint_step(tf.train.latest_checkpoint(model_dir)), step)
+    # Resumed by running the same command.
+    args[args.index("--train_steps=2000")] = f"--train_steps={step + 5}"
+    for worker in start_workers():
+      self._wait(worker)
+    self.assertEqual(run_dir.checkpoint_step(
+        tf.train.latest_checkpoint(model_dir)), step + 5)
 
   def test_mirrored_resume_replays_the_input_exactly(self):
     # With 2 replicas tf.distribute's iterator cannot be checkpointed; the
