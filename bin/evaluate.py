@@ -13,6 +13,8 @@ MODEL_DIR/eval as TensorBoard scalars. Logs go to stderr.
 """
 
 import json
+import os
+import sys
 
 from absl import app
 from absl import flags
@@ -65,7 +67,9 @@ def main(argv):
   # pylint: enable=g-import-not-at-top
 
   def evaluate(checkpoint):
-    model, description, step = run_dir.restore_model(model_dir, checkpoint)
+    model, description, step = run_dir.restore_model(
+        model_dir, checkpoint,
+        echo=lambda line: print(f"note: {line}; skipped", file=sys.stderr))
     trained = description["dataset"]
     dataset = FLAGS.dataset or trained["name"]
     # The model's own preprocessing on its own dataset; on another one, that
@@ -101,11 +105,12 @@ def main(argv):
     for path in tf.train.checkpoints_iterator(
         model_dir, min_interval_secs=FLAGS.watch_interval,
         timeout=FLAGS.watch_timeout):
-      try:
-        step = evaluate(path)
-      except tf.errors.NotFoundError:  # Rotated away by training meanwhile.
-        logging.warning("%s disappeared before it was read; skipped", path)
+      reason = run_dir.damage(path)
+      if reason:  # Rotated away by training meanwhile, or damaged.
+        print(f"note: {os.path.basename(path)}: {reason}; skipped",
+              file=sys.stderr)
         continue
+      step = evaluate(path)
       if step >= train_steps:
         break
   except ValueError as e:  # DatasetNotReadyError too.

@@ -13,6 +13,7 @@ docs/serving.md.
 
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -53,7 +54,8 @@ def main(argv):
   try:
     version, path, info = export.export_run(
         model_dir, export_dir, checkpoint=checkpoint, version=FLAGS.version,
-        overwrite=FLAGS.overwrite)
+        overwrite=FLAGS.overwrite,
+        echo=lambda line: print(f"note: {line}; skipped", file=sys.stderr))
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
 

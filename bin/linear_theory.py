@@ -69,10 +69,18 @@ def construct_command(lt, np):
     raise SystemExit("error: construct needs --R=R.npy --layers=L "
                      "--output=A.npz")
   path = paths.resolve_path(FLAGS.R)
+  output = paths.resolve_path(FLAGS.output)
+  if not output.endswith(".npz") or os.path.isdir(output):
+    raise SystemExit(f"error: --output={FLAGS.output} must be a file path "
+                     "ending in .npz (np.savez adds the suffix otherwise)")
   try:
     r = np.load(path, allow_pickle=False)
   except (OSError, ValueError) as e:
     raise SystemExit(f"error: cannot read --R={FLAGS.R} as a .npy array: {e}")
+  if not isinstance(r, np.ndarray):  # An .npz archive.
+    r.close()
+    raise SystemExit(f"error: --R={FLAGS.R} is an .npz archive, not an .npy "
+                     "array; save R with np.save(path, R)")
   if r.dtype.kind not in "fiu":
     raise SystemExit(f"error: --R={FLAGS.R} holds {r.dtype} data; give a real "
                      f"d x d float64 matrix")
@@ -85,7 +93,6 @@ def construct_command(lt, np):
   log(f"constructed {FLAGS.layers} layers for d = {r.shape[0]} in "
       f"{seconds:.2f} s; checking the product")
   report = lt.construction_report(r, a)
-  output = paths.resolve_path(FLAGS.output)
   try:
     np.savez(output, A=a.numpy())
   except OSError as e:
@@ -154,6 +161,12 @@ def descend_command(lt, np):
     log(f"wrote {path}")
     summary["plot"] = FLAGS.plot
   emit(summary)
+  gaps = np.asarray(residual["gap"], np.float64)
+  if not np.all(np.isfinite(gaps)):
+    first = int(np.argmin(np.isfinite(gaps)))
+    raise SystemExit(f"error: gradient descent diverged: f - f_opt became "
+                     f"{gaps[first]} at step {first}; lower --step_size "
+                     f"(it was {residual['step_size']:.3g})")
 
 
 def benchmark_command(lt, np, tf):

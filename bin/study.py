@@ -70,7 +70,7 @@ def main(argv):
           echo=_echo)
   except train.PreemptedError as e:
     _echo(f"study stopped: {e}")
-    sys.exit(train.PREEMPTED_EXIT_CODE)
+    sys.exit(e.exit_code)
   except ValueError as e:  # DatasetNotReadyError too.
     raise SystemExit(f"error: {e}") from None
   results.update(dataset=FLAGS.dataset, epochs=FLAGS.epochs,

@@ -42,6 +42,9 @@ flags.DEFINE_string("data_dir", None,
 flags.DEFINE_string("tpu", None,
                     "--strategy=tpu: TPU name or grpc:// address (default: "
                     "the local TPU).")
+flags.DEFINE_float("cluster_timeout", 600.0,
+                   "multi_worker_mirrored: seconds the workers of TF_CONFIG "
+                   "may take to join before the run stops.", lower_bound=1.0)
 flags.DEFINE_boolean("dry_run", False,
                      "Resolve, print and write config.json, then exit.")
 
@@ -185,6 +188,7 @@ def main(argv):
     raise SystemExit(f"error: {e}") from None
 
   # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
   from identity_tf import distribute
   from identity_tf import run_dir
   from identity_tf import tfds_data
@@ -201,20 +205,31 @@ def main(argv):
                                               model_dir=model_dir),
                          indent=2, sort_keys=True))
     if FLAGS.dry_run:
+      run_dir.check_writable(model_dir)
       run_dir.check_resumable(model_dir, config)
       run_dir.write_run(model_dir, run_dir.describe_run(config, info))
       _result(f"dry run: wrote {os.path.join(model_dir, run_dir.CONFIG_FILE)}")
       return
     result = train.train(config, model_dir, data_dir=data_dir,
-                         tpu=FLAGS.tpu, echo=_progress)
+                         tpu=FLAGS.tpu, cluster_timeout=FLAGS.cluster_timeout,
+                         echo=_progress)
   except train.PreemptedError as e:
-    _progress(str(e))
-    sys.exit(train.PREEMPTED_EXIT_CODE)
+    _stop(str(e), e.exit_code)
+  except KeyboardInterrupt:  # Ctrl-C before the loop could save anything.
+    _stop("interrupted before training started; nothing was written", 130)
   except ValueError as e:  # DatasetNotReadyError and NaN stops too.
-    raise SystemExit(f"error: {e}") from None
+    _stop(f"error: {e}", 1)
+  except tf.errors.OpError as e:
+    _stop(f"error: {distribute.describe_failure(e)}", 1)
   if distribute.is_chief():
     for line in _summary(result, config, model_dir):
       _result(line)
+
+
+def _stop(line, code):
+  """LINE on stderr, exit with CODE."""
+  print(line, file=sys.stderr, flush=True)
+  sys.exit(code)
 
 
 def run():

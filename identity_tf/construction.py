@@ -54,6 +54,8 @@ MAX_DRAWS = 12
 # Gaussian projection to R^k deviate by about sqrt(4 ln n / k) at most, and
 # the lemma needs norms and inner products each within gap / 2.
 JL_CONSTANT = 16.0
+# Classes (surrogate vectors) a construction may hold: r x k floats.
+MAX_CLASSES = 1_000_000
 # Gram matrices are formed in blocks of this many rows: memory O(BLOCK^2).
 BLOCK = 2048
 # Points are pushed through the network in chunks of this many: O(k CHUNK).
@@ -96,9 +98,16 @@ def validate(x, y, num_classes=None):
     bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
     _check(bad.size == 0, f"y[{bad[0] if bad.size else 0}] = "
            f"{y[bad[0]] if bad.size else ''} is not an integer label")
+  _check(np.all(np.abs(y) < MAX_CLASSES),
+         f"y[{int(np.argmax(np.abs(y) >= MAX_CLASSES))}] = "
+         f"{y[np.argmax(np.abs(y) >= MAX_CLASSES)]} is not a label below "
+         f"{MAX_CLASSES:,}: the construction holds one surrogate vector per "
+         "class 0..r-1; number the classes densely (np.unique(y, "
+         "return_inverse=True))")
   y = y.astype(np.int64)
   r = int(y.max()) + 1 if num_classes is None else int(num_classes)
-  _check(r >= 1, f"the number of classes must be >= 1, got {r}")
+  _check(1 <= r <= MAX_CLASSES, f"the number of classes must be in "
+         f"[1, {MAX_CLASSES:,}], got {r}")
   bad = np.flatnonzero((y < 0) | (y >= r))
   _check(bad.size == 0, f"y[{bad[0] if bad.size else 0}] = "
          f"{y[bad[0]] if bad.size else ''} is outside [0, {r}); labels must be "

@@ -9,6 +9,10 @@ worker and parameter-server processes of a `parameter_server` cluster do.
 
 import json
 import os
+import re
+import signal
+import socket
+import time
 
 from absl import logging
 import tensorflow as tf
@@ -63,20 +67,111 @@ def run_parameter_server_task():
   return True
 
 
-def create_strategy(name, tpu=None):
+# How often a waiting task looks for its peers, in seconds.
+_POLL_SECONDS = 0.5
+
+
+def _listen(port):
+  """A socket listening on PORT on every interface, as TensorFlow's server
+  will; ValueError (one line) if PORT is taken."""
+  try:
+    if socket.has_dualstack_ipv6():
+      return socket.create_server(("", port), family=socket.AF_INET6,
+                                  dualstack_ipv6=True, reuse_port=False)
+    return socket.create_server(("", port))
+  except OSError as e:
+    raise ValueError(
+        f"port {port} of this task in TF_CONFIG is in use ({e.strerror}); "
+        "stop what holds it or give the task another port") from None
+
+
+def _answers(address):
+  """Whether something accepts connections at ADDRESS ("host:port")."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+      return True
+  except OSError:
+    return False
+
+
+def _wait_for_peers(timeout, echo):
+  """Returns once every other chief/worker task of TF_CONFIG is up.
+
+  MultiWorkerMirroredStrategy waits for its peers inside one TensorFlow
+  call that holds the interpreter lock: no timeout, no signal handler runs
+  until every task has joined. So the tasks meet first here, in Python: each
+  listens on its own TF_CONFIG port (closed again before TensorFlow binds
+  it) and waits until every peer's port answers -- the peer's listener or,
+  once it got here first, its TensorFlow server. Raises ValueError (one
+  line naming the missing tasks) after TIMEOUT seconds; SIGTERM and Ctrl-C
+  work as everywhere else.
+  """
+  resolver = _resolver()
+  cluster = resolver.cluster_spec().as_dict()
+  tasks = [(job, index, address) for job in ("chief", "worker")
+           for index, address in enumerate(cluster.get(job, []))]
+  me = (resolver.task_type, resolver.task_id or 0)
+  peers = [t for t in tasks if t[:2] != me]
+  mine = [address for job, index, address in tasks if (job, index) == me]
+  if not peers or not mine:
+    return
+  listener = _listen(int(mine[0].rpartition(":")[2]))
+  try:
+    deadline = time.monotonic() + timeout
+    echo(f"waiting up to {timeout:g} s (--cluster_timeout) for "
+         f"{len(peers)} other task(s) of TF_CONFIG to start")
+    while True:
+      missing = [t for t in peers if not _answers(t[2])]
+      if not missing:
+        return
+      if time.monotonic() > deadline:
+        names = ", ".join(f"{job} {index} ({address})"
+                          for job, index, address in missing)
+        raise ValueError(
+            f"the multi_worker_mirrored cluster did not form within "
+            f"{timeout:g} s (--cluster_timeout): start the same command on "
+            f"every task of TF_CONFIG, each with its own task index; no "
+            f"answer from {names}")
+      time.sleep(_POLL_SECONDS)
+  finally:
+    listener.close()
+
+
+def _multi_worker_mirrored(timeout, echo):
+  """MultiWorkerMirroredStrategy once its peers are up (`_wait_for_peers`).
+
+  A peer that stops between the meeting and TensorFlow's own would leave
+  TensorFlow waiting forever, deaf to Python's signal handlers: during that
+  call SIGTERM and SIGINT take their default action and end the process
+  (nothing has been written yet).
+  """
+  _wait_for_peers(timeout, echo)
+  signals = (signal.SIGTERM, signal.SIGINT)
+  previous = {s: signal.signal(s, signal.SIG_DFL) for s in signals}
+  try:
+    return tf.distribute.MultiWorkerMirroredStrategy()
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
   """The tf.distribute strategy NAME (see configs.STRATEGIES).
 
   `multi_worker_mirrored` and `parameter_server` read the cluster from
-  TF_CONFIG; `tpu` connects to TPU (a name or grpc:// address; None or ""
-  means the local TPU or the one in the environment). Raises ValueError
-  with the fix when the environment does not fit.
+  TF_CONFIG (a multi-worker cluster must form within TIMEOUT seconds; ECHO
+  says that it is waiting);
+  `tpu` connects to TPU (a name or grpc:// address; None or "" means the
+  local TPU or the one in the environment). Raises ValueError with the fix
+  when the environment does not fit.
   """
   if name == "default":
     return tf.distribute.get_strategy()
   if name == "mirrored":
     return tf.distribute.MirroredStrategy()
   if name == "multi_worker_mirrored":
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    return _multi_worker_mirrored(timeout, echo)
   if name == "tpu":
     try:
       resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
@@ -99,3 +194,18 @@ def create_strategy(name, tpu=None):
     return tf.distribute.experimental.ParameterServerStrategy(resolver)
   raise ValueError(f"--strategy must be one of "
                    f"{', '.join(configs.STRATEGIES)}; got {name!r}")
+
+
+def describe_failure(error):
+  """One line for a tf.errors.OpError that ends training, mostly a peer of a
+  multi-worker run that stopped: TF's text starts with "Graph execution
+  error:" and a stack, the cause and the peer are further down."""
+  text = str(error)
+  cause = re.search(r"(?:aborted by|Cancelled|UNAVAILABLE): *([^\n]+)", text)
+  peer = re.search(r"remote target /job:(\w+)/replica:\d+/task:(\d+)", text)
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  what = cause.group(1) if cause else (lines[0] if lines else "")
+  where = f" (from {peer.group(1)} {peer.group(2)})" if peer else ""
+  return (f"training stopped: {type(error).__name__}: {what[:200]}"
+          f"{where}; if a worker of the cluster stopped, run the same "
+          "command on every worker to resume from the latest checkpoint")

@@ -72,6 +72,9 @@ def choose_version(export_dir, version=None, overwrite=False):
         f"--export_dir={export_dir} is not a local directory; export "
         f"locally (the atomic rename needs a POSIX filesystem), then copy the "
         f"finished version directory")
+  if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+    raise ValueError(f"--export_dir={export_dir} is a file, not a directory: "
+                     "give TF Serving's model base path, a directory")
   versions = existing_versions(export_dir)
   if version is None:
     return (versions[-1] + 1) if versions else 1
@@ -380,8 +383,9 @@ def _move_into_place(temporary, export_dir, version, overwrite):
 
 
 def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
-               overwrite=False):
-  """Exports MODEL_DIR's CHECKPOINT (default: the latest); see export_model.
+               overwrite=False, echo=None):
+  """Exports MODEL_DIR's CHECKPOINT (default: the newest intact one; ECHO
+  hears of damaged newer ones); see export_model.
 
   Returns (version, path, model_info dict).
   """
@@ -390,7 +394,7 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
   if not tf.io.gfile.isdir(model_dir):
     raise ValueError(f"--model_dir={model_dir} does not exist; pass the "
                      f"directory of a training run (bazel run //bin:train)")
-  path = run_dir.find_checkpoint(model_dir, checkpoint)
+  path = run_dir.find_checkpoint(model_dir, checkpoint, echo)
   model, description, step = run_dir.restore_model(model_dir, path)
   version, version_dir = export_model(
       model, description, step, export_dir, version=version,

@@ -50,7 +50,15 @@ class NonFiniteLossError(ValueError):
 
 
 class PreemptedError(Exception):
-  """SIGTERM arrived; a checkpoint was written and the run stopped."""
+  """SIGTERM (or SIGINT) arrived; a checkpoint was written, the run stopped.
+
+  `exit_code` is the shell's for that signal: 143 for SIGTERM, 130 for
+  SIGINT, so that supervisors see an interrupted run.
+  """
+
+  def __init__(self, message, exit_code=None):
+    super().__init__(message)
+    self.exit_code = exit_code or PREEMPTED_EXIT_CODE
 
 
 def build_model(config, info):
@@ -218,7 +226,8 @@ class _Preemption:
 
   def __init__(self, strategy, manager):
     self.requested = False
-    self._previous = None
+    self.signal = "SIGTERM"
+    self._previous = {}
     self._handler = None
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
         strategy.cluster_resolver.cluster_spec().as_dict()):
@@ -229,36 +238,43 @@ class _Preemption:
     self._manager = manager
 
   def _saved(self):
-    self.requested = True
+    # The handler saved (SIGTERM here or at a peer); `check` stops.
+    self.requested = "saved"
 
   def __enter__(self):
-    if self._handler is None:
-      try:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-      except ValueError:  # Not the main thread: no signal handling.
-        self._previous = None
+    # SIGINT (Ctrl-C) as SIGTERM; under the handler, SIGTERM is its own.
+    signals = (signal.SIGINT,) if self._handler else (signal.SIGTERM,
+                                                      signal.SIGINT)
+    self._previous = {}
+    try:
+      for signum in signals:
+        self._previous[signum] = signal.signal(signum, self._handle)
+    except ValueError:  # Not the main thread: no signal handling.
+      pass
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
+    del frame
     self.requested = True
+    self.signal = signal.Signals(signum).name
 
   def check(self, step, save):
     """Raises PreemptedError after SAVE(STEP) if SIGTERM came (here or, with
     several workers, at a peer)."""
-    if self._handler is not None:
+    if self._handler is not None and not self.requested:
       self._handler.save_checkpoint_if_preempted(checkpoint_number=step)
       path = self._manager.latest_checkpoint
     elif self.requested:
       path = save(step)
     if self.requested:
       raise PreemptedError(
-          f"stopped by SIGTERM at step {step}; wrote checkpoint {path}; run "
-          f"the same command again to resume")
+          f"stopped by {self.signal} at step {step}; wrote checkpoint "
+          f"{path}; run the same command again to resume",
+          exit_code=128 + signal.Signals[self.signal].value)
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def _input_fn(config, info, data_dir, seed, start_step=0):
@@ -352,7 +368,7 @@ class _Window:
 
 
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
-          echo=print, dataset_fn=None):
+          cluster_timeout=600.0, echo=print, dataset_fn=None):
   """Trains CONFIG in MODEL_DIR, resuming from its latest checkpoint.
 
   Args:
@@ -362,6 +378,8 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     strategy: a tf.distribute strategy (default: `distribute.create_strategy(
       config.strategy, tpu)`).
     tpu: --tpu for `create_strategy`.
+    cluster_timeout: seconds a multi-worker cluster may take to form
+      (`create_strategy`).
     echo: receives the progress lines (print by default).
     dataset_fn: replaces the input pipeline (experiments on data of your
       own): input_context -> tf.data.Dataset of per-replica (images, labels)
@@ -379,15 +397,25 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     {"step", "train_loss", "train_top1" (last logged window), "eval": the
     last evaluation or None, "model_dir"}.
 
+  The run resumes from the newest intact checkpoint in MODEL_DIR, found
+  from the files (`run_dir.intact_checkpoints`): damaged newer ones are
+  moved to MODEL_DIR/damaged/ and named, and a directory whose checkpoints
+  are all damaged is refused rather than trained from step 0. One training
+  at a time holds MODEL_DIR (`run_dir.lock`); config.json is written once
+  the run has been restored and can start.
+
   Raises:
-    NonFiniteLossError: the loss became NaN/Inf; the latest checkpoint is the
-      last good one.
-    PreemptedError: SIGTERM; a checkpoint of the current step was written.
-    ValueError / tfds_data.DatasetNotReadyError: bad configuration.
+    NonFiniteLossError: the loss became NaN/Inf; the latest checkpoint was
+      written before it.
+    PreemptedError: SIGTERM or SIGINT; a checkpoint of the current step was
+      written.
+    ValueError / tfds_data.DatasetNotReadyError: bad configuration, or a
+      model_dir that cannot hold the run (one line saying why).
   """
   # Multi-worker strategies must exist before TensorFlow starts its runtime.
   if strategy is None:
-    strategy = distribute.create_strategy(config.strategy, tpu)
+    strategy = distribute.create_strategy(config.strategy, tpu,
+                                          timeout=cluster_timeout, echo=echo)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   keras.utils.set_random_seed(config.seed)
@@ -405,9 +433,47 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   # written to model_dir.
   info = (tfds_data.dataset_info(config.dataset, data_dir) if dataset_fn
           else tfds_data.prepared_info(config.dataset, data_dir))
+  if not chief:
+    return _train(config, model_dir, info, strategy, coordinator, chief,
+                  data_dir, echo, dataset_fn)
+  run_dir.check_writable(model_dir)
+  with run_dir.lock(model_dir):
+    return _train(config, model_dir, info, strategy, coordinator, chief,
+                  data_dir, echo, dataset_fn)
+
+
+def _resume_point(config, model_dir, chief, echo):
+  """The checkpoint to resume from (None: start), after checking the run.
+
+  The chief checks that CONFIG can continue the run, moves damaged
+  checkpoints aside and rewrites TensorFlow's state file to list the
+  intact ones; ValueError (nothing changed) if there are checkpoints but
+  none is intact.
+  """
   if chief:
     run_dir.check_resumable(model_dir, config)
-    run_dir.write_run(model_dir, run_dir.describe_run(config, info))
+  intact, damaged = run_dir.intact_checkpoints(model_dir, echo)
+  if damaged and not intact:
+    raise ValueError(
+        f"--model_dir={model_dir} holds checkpoints but none is intact ("
+        + "; ".join(f"{os.path.basename(p)}: {r}" for p, r in damaged.items())
+        + "); nothing was changed: restore them from a copy, or use a new "
+        "--model_dir (training does not start again from step 0 over them)")
+  if chief:
+    run_dir.quarantine(model_dir, damaged)
+    run_dir.record_checkpoints(model_dir, intact)
+    if damaged:
+      echo(f"moved {', '.join(os.path.basename(p) for p in damaged)} to "
+           f"{os.path.join(model_dir, run_dir.DAMAGED_DIR)}/; resuming from "
+           f"{os.path.basename(intact[0])}, the newest intact checkpoint")
+  return intact[0] if intact else None
+
+
+def _train(config, model_dir, info, strategy, coordinator, chief, data_dir,
+           echo, dataset_fn):
+  """`train` once MODEL_DIR is held (by the chief)."""
+  replicas = strategy.num_replicas_in_sync
+  latest = _resume_point(config, model_dir, chief, echo)
   # Every worker writes checkpoints (MultiWorkerMirroredStrategy wants all of
   # them to save), but only the chief's go to model_dir.
   task_type, task_id = distribute.cluster_task()
@@ -437,10 +503,17 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     return iter(strategy.distribute_datasets_from_function(fn))
 
   # Every worker restores the chief's checkpoint.
-  latest = tf.train.latest_checkpoint(model_dir)
   iterator, checkpoint = _restore(latest, model, optimizer, make_iterator)
   if latest:
     echo(f"resumed from {latest} at step {int(optimizer.iterations.numpy())}")
+    # A constant rate is a variable of the optimizer, so the checkpoint holds
+    # the old one: the configuration's takes effect (schedules are computed
+    # from the step and take effect anyway).
+    if not isinstance(optimizer._learning_rate,  # pylint: disable=protected-access
+                      keras.optimizers.schedules.LearningRateSchedule):
+      optimizer.learning_rate = config.learning_rate
+  if chief:
+    run_dir.write_run(model_dir, run_dir.describe_run(config, info))
   manager = tf.train.CheckpointManager(
       checkpoint, checkpoint_dir, max_to_keep=config.keep_checkpoints,
       checkpoint_name=run_dir.CHECKPOINT_PREFIX)
@@ -492,9 +565,26 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
       raise NonFiniteLossError(
           f"the weights became NaN or infinite by step {step}; "
           f"{_last_good(manager)}", step=step)
-    return manager.save(checkpoint_number=step)
+    try:
+      path = manager.save(checkpoint_number=step)
+      run_dir.write_digest(path)
+      run_dir.prune_digests(checkpoint_dir)
+    except (OSError, tf.errors.OpError) as e:
+      # A full disk, say: the half-written checkpoint is removed, so that
+      # it is not mistaken for one, and the run stops saying so.
+      run_dir.remove_checkpoint(checkpoint_dir, step)
+      reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+      raise ValueError(
+          f"could not write the checkpoint of step {step} in "
+          f"{checkpoint_dir} ({reason}); {_last_good(manager)}; free space "
+          "(or fix the directory) and run the same command to resume") from e
+    return path
 
   step = int(optimizer.iterations.numpy())
+  if latest and step >= config.train_steps:
+    echo(f"the run is at step {step}, at or past --train_steps="
+         f"{config.train_steps}: nothing to train (raise --train_steps to "
+         "continue it)")
   window = _Window(watched)
   last = {"train_loss": None, "train_top1": None}
   result = {"step": step, **last, "eval": None, "model_dir": model_dir}
@@ -588,6 +678,6 @@ def _nonfinite_message(out, step, watched, last_record, last_good):
 def _last_good(manager):
   latest = manager.latest_checkpoint
   if latest:
-    return (f"stopped; the last good checkpoint is {latest} (step "
-            f"{run_dir.checkpoint_step(latest)})")
+    return (f"stopped; the latest checkpoint, written before it with finite "
+            f"weights, is {latest} (step {run_dir.checkpoint_step(latest)})")
   return "stopped; no checkpoint was written"

@@ -19,7 +19,7 @@ from absl.testing import parameterized
 import keras
 import numpy as np
 
-import identity_tf.layers  # pylint: disable=unused-import  (registers them)
+from identity_tf import layers  # Importing registers them with Keras.
 import testing
 
 _INSTALL = {"jax": "pip install 'jax[cpu]'",
@@ -71,7 +71,9 @@ class BackendsTest(parameterized.TestCase):
     loaded = keras.models.load_model(paths[1])
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(images)),
                                np.load(paths[2]), rtol=1e-4, atol=1e-6)
-    self.assertEqual(loaded.get_layer("stage1_unit1").residual, "plain")
+    unit = loaded.get_layer("stage1_unit1")
+    self.assertIsInstance(unit, layers.ConvResidualUnit)
+    self.assertEqual(unit.residual, "plain")
 
 
 if __name__ == "__main__":

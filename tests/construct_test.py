@@ -183,6 +183,9 @@ class ConstructionTest(absltest.TestCase):
         (np.array([[0, 1], [np.inf, 0]]), [0, 1], r"x\[1\] contains NaN or Inf"),
         (np.eye(2), [0, -1], r"y\[1\] = -1 is outside"),
         (np.eye(2), [0.5, 1], r"y\[0\] = 0.5 is not an integer"),
+        # A label of 10^12 would need 10^12 surrogate vectors.
+        (np.eye(2), [0, 10**12], r"y\[1\] = 1000000000000 is not a label "
+         r"below 1,000,000.*np.unique"),
     ]:
       with self.subTest(message=message):
         with self.assertRaisesRegex(ValueError, message):
@@ -244,6 +247,36 @@ class ConstructionTest(absltest.TestCase):
     self.assertEqual(history[-1][0], 4)
     for _, fit in history:
       self.assertBetween(fit, 0.0, 1.0)
+
+
+class RunTest(absltest.TestCase):
+
+  def test_an_output_dir_that_is_a_file_is_refused_before_any_work(self):
+    x, y = random_data(np.random.default_rng(14), 12, 3, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+      a_file = os.path.join(tmp, "file")
+      with open(a_file, "w") as f:
+        f.write("x")
+      lines = []
+      with self.assertRaisesRegex(ValueError, r"--output_dir=.*file cannot be "
+                                  r"created \(.*\); give a directory"):
+        construction_run.run(x, y, a_file, log=lines.append)
+      self.assertEqual(lines, [])  # Nothing was constructed first.
+
+  def test_report_is_strict_json_when_nothing_is_checked(self):
+    x, y = random_data(np.random.default_rng(15), 12, 3, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+      construction_run.run(x, y, tmp, keras_check_examples=0,
+                           log=lambda line: None)
+      with open(os.path.join(tmp, "report.json")) as f:
+        text = f.read()
+
+    def refuse(constant):
+      raise ValueError(f"{constant} is not JSON")
+
+    report = json.loads(text, parse_constant=refuse)
+    self.assertIsNone(report["keras_accuracy"])
+    self.assertEqual(report["keras_checked"], 0)
 
 
 class BinaryTest(absltest.TestCase):

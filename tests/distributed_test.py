@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import distribute
 from identity_tf import run_dir
 from identity_tf import tfds_data
 from identity_tf import train
@@ -119,9 +120,11 @@ class DistributedTest(testing.ProcessTestCase):
     self.assertGreater(moved, 100 * ATOL)
     # Only the chief wrote model_dir; the other worker cleaned up after itself.
     self.assertEqual(sorted(os.listdir(multi_dir)),
-                     ["checkpoint", "ckpt-10.data-00000-of-00001",
-                      "ckpt-10.index", "ckpt-20.data-00000-of-00001",
-                      "ckpt-20.index", "config.json", "train"])
+                     [".train.lock", "checkpoint",
+                      "ckpt-10.data-00000-of-00001", "ckpt-10.index",
+                      "ckpt-10.sha256", "ckpt-20.data-00000-of-00001",
+                      "ckpt-20.index", "ckpt-20.sha256", "config.json",
+                      "train"])
 
   def test_sigterm_to_one_worker_stops_both_at_one_checkpoint(self):
     # Preemption reaches one machine; TensorFlow's PreemptionCheckpointHandler
@@ -161,6 +164,63 @@ class DistributedTest(testing.ProcessTestCase):
       self._wait(worker)
     self.assertEqual(run_dir.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), step + 5)
+
+  def test_a_cluster_that_never_forms_stops_with_one_line(self):
+    # One worker of two: it waits for its peer -- for --cluster_timeout
+    # seconds, and SIGTERM or Ctrl-C stops the wait at once.
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    task = {"cluster": cluster, "task": {"type": "worker", "index": 0}}
+    model_dir = self.create_tempdir().full_path
+    args = [*TINY, "--strategy=multi_worker_mirrored", "--cluster_timeout=5",
+            f"--model_dir={model_dir}"]
+    alone = self._start(args, task)
+    self.assertEqual(alone.wait(timeout=TIMEOUT), 1)
+    last = _read(alone).strip().splitlines()[-1]
+    self.assertRegex(last, r"^error: the multi_worker_mirrored cluster did "
+                     r"not form within 5 s \(--cluster_timeout\): start the "
+                     r"same command on every task of TF_CONFIG, each with its "
+                     r"own task index; no answer from worker 1 \(127.0.0.1:")
+    self.assertNotIn("Traceback", _read(alone))
+    self.assertEqual(os.listdir(model_dir), [])
+    for signum, codes in ((signal.SIGTERM, (-signal.SIGTERM,)),
+                          (signal.SIGINT, (130,))):
+      waiting = self._start(args[:-2] + ["--cluster_timeout=600", args[-1]],
+                            task)
+      deadline = time.time() + TIMEOUT
+      while "waiting up to 600 s" not in _read(waiting) and (
+          time.time() < deadline and waiting.poll() is None):
+        time.sleep(0.5)
+      self.assertIn("for 1 other task(s) of TF_CONFIG to start",
+                    _read(waiting))
+      waiting.send_signal(signum)
+      self.assertIn(waiting.wait(timeout=60), codes, _read(waiting))
+      self.assertNotIn("Traceback", _read(waiting))
+      self.assertEqual(os.listdir(model_dir), [])
+
+  def test_a_peer_that_died_is_named_in_one_line(self):
+    # The text TensorFlow 2.21 gave worker 0 of two when worker 1 was killed
+    # with SIGKILL during training (stack lines shortened).
+    text = (
+        "Graph execution error:\n\nDetected at node while/CollectiveReduceV2"
+        " defined at (most recent call last):\n  File \"bin/train.py\", "
+        "line 246, in <module>\n\nCollective ops is aborted by: recvmsg:"
+        "Connection reset by peer\nAdditional GRPC error information from "
+        "remote target /job:worker/replica:0/task:1 while calling /tensorflow"
+        ".WorkerService/RecvBuf:\n:UNKNOWN:Error received from peer  "
+        "{grpc_status:14, grpc_message:\"recvmsg:Connection reset by peer\"}"
+        "\nThe error could be from a previous operation.\n\t "
+        "[[{{node while/CollectiveReduceV2}}]]")
+    line = distribute.describe_failure(
+        tf.errors.UnavailableError(None, None, text))
+    self.assertEqual(
+        line, "training stopped: UnavailableError: recvmsg:Connection reset "
+        "by peer (from worker 1); if a worker of the cluster stopped, run the "
+        "same command on every worker to resume from the latest checkpoint")
+    # Anything else: its first line, never the stack.
+    self.assertStartsWith(
+        distribute.describe_failure(tf.errors.InternalError(
+            None, None, "something broke\n  File x")),
+        "training stopped: InternalError: something broke; ")
 
   def test_mirrored_resume_replays_the_input_exactly(self):
     # With 2 replicas tf.distribute's iterator cannot be checkpointed; the

@@ -360,6 +360,16 @@ class ExportTest(absltest.TestCase):
     # What TF Serving would see: no version; the next export is version 1.
     self.assertEqual(export.choose_version(base), 1)
 
+  def test_an_export_dir_that_is_a_file_is_refused(self):
+    a_file = os.path.join(self.create_tempdir().full_path, "file")
+    with open(a_file, "w") as f:
+      f.write("x")
+    with self.assertRaisesRegex(ValueError, r"--export_dir=.*file is a file, "
+                                "not a directory: give TF Serving's model"):
+      export.choose_version(a_file)
+    with open(a_file) as f:
+      self.assertEqual(f.read(), "x")
+
   # -------------------------------------------------------------------------
   # The client against the test double.
 

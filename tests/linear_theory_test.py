@@ -321,6 +321,8 @@ class BinaryTest(absltest.TestCase):
     cls.target = lt.random_target(5, np.random.default_rng(16), 0.7)
     np.save(os.path.join(tmp, "R.npy"), cls.target)
     np.save(os.path.join(tmp, "bad.npy"), np.diag([1.0, -1.0]))
+    np.savez(os.path.join(tmp, "R.npz"), R=cls.target)
+    os.makedirs(os.path.join(tmp, "out_dir"))
     env = dict(os.environ, BUILD_WORKING_DIRECTORY=tmp)
     runs = {
         "construct": ("construct", "--R=R.npy", "--layers=9",
@@ -330,6 +332,13 @@ class BinaryTest(absltest.TestCase):
                   "--bound_power=2"),
         "descend": ("descend", "--d=3", "--layers=5", "--steps=150",
                     "--plot=descent.png"),
+        # Plain mistakes: one line each, exit 1, nothing written.
+        "npz_given_as_R": ("construct", "--R=R.npz", "--layers=3",
+                           "--output=C.npz"),
+        "output_is_a_directory": ("construct", "--R=R.npy", "--layers=3",
+                                  "--output=out_dir"),
+        "descent_diverges": ("descend", "--d=3", "--layers=5", "--steps=50",
+                             "--step_size=1e3"),
     }
     with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
       futures = {name: pool.submit(testing.run_binary, "linear_theory", *args,
@@ -389,6 +398,26 @@ class BinaryTest(absltest.TestCase):
                        0.5 * summary["plain_initial_gap"])
     with open(os.path.join(self.tmp.name, "descent.png"), "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+  def test_plain_mistakes_are_one_line_and_write_nothing(self):
+    expected = {
+        "npz_given_as_R": r"^error: --R=R.npz is an .npz archive, not an "
+                          r"\.npy array; save R with np.save",
+        "output_is_a_directory": r"^error: --output=out_dir must be a file "
+                                 r"path ending in \.npz",
+        "descent_diverges": r"^error: gradient descent diverged: f - f_opt "
+                            r"became (nan|inf) at step \d+; lower --step_size",
+    }
+    for name, pattern in expected.items():
+      with self.subTest(name):
+        result = self.results[name]
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertRegex(testing.last_stderr_line(result), pattern)
+    self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "C.npz")))
+    self.assertEqual(os.listdir(os.path.join(self.tmp.name, "out_dir")), [])
+    self.assertFalse(os.path.exists(os.path.join(self.tmp.name,
+                                                 "out_dir.npz")))
 
   def test_unknown_subcommand_is_one_line(self):
     for args in ((), ("frobnicate",)):

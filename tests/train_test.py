@@ -172,6 +172,8 @@ class ConfigErrorTest(absltest.TestCase):
             dict(dataset="my data"),
         "--learning_rate must be positive, got nan":
             dict(learning_rate=float("nan")),
+        "--weight_decay must be >= 0 (0: off), got nan":
+            dict(weight_decay=float("nan")),
         "--grad_clip_norm must be >= 0 (0: off), got -1.0":
             dict(grad_clip_norm=-1.0),
         "--agc_clip must be >= 0": dict(agc_clip=float("nan")),
@@ -198,8 +200,9 @@ class ConfigErrorTest(absltest.TestCase):
     config = configs.resolve("smoke")
     run_dir.write_run(model_dir, run_dir.describe_run(config, SYNTHETIC))
     run_dir.check_resumable(model_dir, configs.override(config, train_steps=9))
-    with self.assertRaisesRegex(ValueError,
-                                r"different network: width \(0.25 -> 0.5\)"):
+    with self.assertRaisesRegex(
+        ValueError,
+        r"cannot continue with width \(0.25 -> 0.5\); use a new --model_dir"):
       run_dir.check_resumable(model_dir, configs.override(config, width=0.5))
 
   def test_binary_reports_bad_flags_in_one_line(self):
@@ -349,7 +352,8 @@ class TrainingTest(absltest.TestCase):
     with self.assertRaisesRegex(
         train.NonFiniteLossError,
         r"became (nan|inf) at step 13: the activations of stem became NaN or "
-        r"infinite first; .*stopped; the last good checkpoint is "
+        r"infinite first; .*stopped; the latest checkpoint, written before it "
+        r"with finite weights, is "
         r".*ckpt-10 \(step 10\)") as caught:
       train.train(configs.override(config, train_steps=30), model_dir,
                   echo=lambda line: None, dataset_fn=corrupted_after_step_12)
@@ -464,6 +468,21 @@ class InterruptionTest(testing.ProcessTestCase):
                                  *self.flags, check=True)
     self.assertIn(f"resumed from {os.path.join(model_dir, 'ckpt-')}",
                   resumed.stderr)
+    self._assert_matches_reference(model_dir)
+
+  def test_ctrl_c_writes_a_checkpoint_like_sigterm(self):
+    model_dir = os.path.join(self.root, "interrupted")
+    process = self._start("train", f"--model_dir={model_dir}", *self.flags)
+    _wait_for_line(process.stderr, "saved checkpoint")
+    process.send_signal(signal.SIGINT)
+    self.assertEqual(process.wait(timeout=60), 128 + signal.SIGINT)
+    rest = process.stderr.read()
+    self.assertNotIn("Traceback", rest)
+    self.assertRegex(rest.strip().splitlines()[-1],
+                     r"^stopped by SIGINT at step \d+; wrote checkpoint "
+                     r".*ckpt-\d+; run the same command again to resume$")
+    testing.run_binary("train", f"--model_dir={model_dir}", *self.flags,
+                       check=True)
     self._assert_matches_reference(model_dir)
 
   def test_sigterm_writes_a_checkpoint_and_evaluate_watches(self):

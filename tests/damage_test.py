@@ -1,0 +1,246 @@
+"""Runs that survive damage and mistakes: the damage, the fallback, the line.
+
+A tiny --deterministic run with checkpoints at steps 40, 80 and 120 is
+trained once; every test damages a copy of it the way a crash, a full disk or
+a careless hand would, resumes it, and checks which checkpoint the run came
+back from, that the intact ones survive, the message, and, where the run is
+refused, that nothing in the directory changed. tests/kill_loop_test.py kills
+a training at random moments.
+"""
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import tensorflow as tf
+
+from identity_tf import configs
+from identity_tf import run_dir
+from identity_tf import train
+import testing
+
+CONFIG = configs.resolve(
+    "smoke", width=0.0625, units="1", batch_size=16, train_steps=120,
+    checkpoint_steps=40, log_steps=40, steps_per_loop=20, keep_checkpoints=5,
+    eval_at_end=False, deterministic=True)
+
+
+def _snapshot(directory):
+  """{relative path: SHA-256} of every file under DIRECTORY."""
+  files = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, directory)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return files
+
+
+def _flip(path, offset):
+  with open(path, "r+b") as f:
+    f.seek(offset)
+    byte = f.read(1)
+    f.seek(offset)
+    f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _truncate(path):
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _iterator_offset(prefix):
+  """An offset inside the input iterator's saved state in PREFIX's data."""
+  with open(prefix + ".data-00000-of-00001", "rb") as f:
+    data = f.read()
+  # The iterator's state names its pipeline's stages.
+  offset = data.find(b"Iterator::Root")
+  assert offset > 0, "no iterator state found"
+  return offset
+
+
+class DamageTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    cls.pristine = os.path.join(cls.root, "pristine")
+    train.train(CONFIG, cls.pristine, echo=lambda line: None)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+  def _copy(self):
+    model_dir = os.path.join(self.create_tempdir().full_path, "run")
+    shutil.copytree(self.pristine, model_dir)
+    return model_dir
+
+  def _resume(self, model_dir, **overrides):
+    """Trains on to step 160; returns (lines, the step it resumed from)."""
+    lines = []
+    train.train(configs.override(CONFIG, train_steps=160, **overrides),
+                model_dir, echo=lines.append)
+    resumed = [re.search(r"resumed from .*ckpt-(\d+) at step (\d+)", line)
+               for line in lines]
+    (match,) = [m for m in resumed if m]
+    self.assertEqual(match.group(1), match.group(2))
+    self.assertEqual(run_dir.checkpoint_step(
+        tf.train.latest_checkpoint(model_dir)), 160)
+    return lines, int(match.group(1))
+
+  def test_the_state_file_is_not_needed(self):
+    for damage in ("delete", "garbage"):
+      model_dir = self._copy()
+      state = os.path.join(model_dir, "checkpoint")
+      if damage == "delete":
+        os.remove(state)
+      else:
+        with open(state, "w") as f:
+          f.write("this is not a checkpoint state\n")
+      _, step = self._resume(model_dir)
+      self.assertEqual(step, 120, damage)
+      # The intact ones survive: rotation (5 kept) lists them all.
+      self.assertEqual(
+          [run_dir.checkpoint_step(p)
+           for p in run_dir.checkpoint_prefixes(model_dir)],
+          [160, 120, 80, 40])
+
+  def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(self):
+    newest = "ckpt-120"
+    cases = {
+        "index deleted": lambda p: os.remove(p + ".index"),
+        "index truncated": lambda p: _truncate(p + ".index"),
+        "data deleted": lambda p: os.remove(p + ".data-00000-of-00001"),
+        "data truncated": lambda p: _truncate(p + ".data-00000-of-00001"),
+        "data byte flipped": lambda p: _flip(p + ".data-00000-of-00001", 100),
+        "iterator state byte flipped": lambda p: _flip(
+            p + ".data-00000-of-00001", _iterator_offset(p) + 3),
+    }
+    for name, damage in cases.items():
+      with self.subTest(name):
+        model_dir = self._copy()
+        prefix = os.path.join(model_dir, newest)
+        damage(prefix)
+        lines, step = self._resume(model_dir)
+        self.assertEqual(step, 80)
+        self.assertTrue(any(line.startswith(f"{newest} is damaged: ")
+                            for line in lines), lines)
+        self.assertTrue(any("resuming from ckpt-80, the newest intact" in line
+                            for line in lines), lines)
+        # Kept aside, not deleted.
+        (moved,) = os.listdir(os.path.join(model_dir, run_dir.DAMAGED_DIR))
+        self.assertTrue(any(f.startswith(newest + ".") for f in os.listdir(
+            os.path.join(model_dir, run_dir.DAMAGED_DIR, moved))))
+
+  def test_evaluate_and_export_take_the_newest_intact_checkpoint(self):
+    model_dir = self._copy()
+    _flip(os.path.join(model_dir, "ckpt-120.data-00000-of-00001"), 100)
+    notes = []
+    _, _, step = run_dir.restore_model(model_dir, echo=notes.append)
+    self.assertEqual(step, 80)
+    self.assertRegex(notes[0], r"^ckpt-120 is damaged: .*SHA-256")
+    with self.assertRaisesRegex(ValueError, "checkpoint .*ckpt-120 is damaged"):
+      run_dir.find_checkpoint(model_dir, 120)
+    result = testing.run_binary("export", f"--model_dir={model_dir}",
+                                f"--export_dir={model_dir}/serving",
+                                check=True)
+    self.assertIn("note: ckpt-120 is damaged", result.stderr)
+    self.assertIn("exported step 80 of", result.stdout)
+
+  def test_all_damaged_is_refused_and_nothing_changes(self):
+    model_dir = self._copy()
+    for step in (40, 80, 120):
+      _flip(os.path.join(model_dir, f"ckpt-{step}.data-00000-of-00001"), 100)
+    before = _snapshot(model_dir)
+    with self.assertRaisesRegex(
+        ValueError, r"holds checkpoints but none is intact \(ckpt-120: .*; "
+        r"ckpt-80: .*; ckpt-40: .*\); nothing was changed"):
+      train.train(CONFIG, model_dir, echo=lambda line: None)
+    self.assertEqual(_snapshot(model_dir), before)
+
+  def test_half_written_saves_are_cleaned_up(self):
+    model_dir = self._copy()
+    os.makedirs(os.path.join(model_dir, "ckpt-160_temp", "part-00000"))
+    self._resume(model_dir)
+    self.assertFalse(any("_temp" in name for name in os.listdir(model_dir)))
+
+  def test_optimisation_flags_take_effect_on_resume(self):
+    model_dir = self._copy()
+    lines, _ = self._resume(model_dir, learning_rate=0.003)
+    rates = [float(re.search(r'"lr": ([0-9.e-]+)', line).group(1))
+             for line in lines if line.startswith('{"step"')]
+    self.assertEqual(rates, [0.003])
+    # A lower --train_steps than the step reached says so.
+    lines = []
+    train.train(configs.override(CONFIG, train_steps=100), model_dir,
+                echo=lines.append)
+    self.assertTrue(any("the run is at step 160, at or past --train_steps=100"
+                        in line for line in lines), lines)
+
+  def test_a_changed_batch_size_is_refused_before_anything_is_written(self):
+    model_dir = self._copy()
+    before = _snapshot(model_dir)
+    with self.assertRaisesRegex(ValueError, r"batch_size \(16 -> 32\)"):
+      train.train(configs.override(CONFIG, batch_size=32), model_dir,
+                  echo=lambda line: None)
+    self.assertEqual(_snapshot(model_dir), before)
+
+  def test_one_training_per_directory(self):
+    model_dir = self._copy()
+    with run_dir.lock(model_dir):
+      with self.assertRaisesRegex(ValueError, r"is in use by another training "
+                                  rf"\(pid {os.getpid()} on "):
+        train.train(CONFIG, model_dir, echo=lambda line: None)
+    self._resume(model_dir)  # Released: the next one runs.
+
+  def test_a_full_disk_stops_with_one_line_and_no_half_checkpoint(self):
+    model_dir = self._copy()
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with mock.patch.object(tf.train.CheckpointManager, "save",
+                           side_effect=full):
+      with self.assertRaisesRegex(
+          ValueError, r"could not write the checkpoint of step 160 in .*"
+          r"\(No space left on device\); .*run the same command to resume"):
+        train.train(configs.override(CONFIG, train_steps=160), model_dir,
+                    echo=lambda line: None)
+    self.assertEqual(run_dir.checkpoint_prefixes(model_dir)[0],
+                     os.path.join(model_dir, "ckpt-120"))
+
+  def test_plain_mistakes_are_one_line(self):
+    directory = self.create_tempdir().full_path
+    a_file = os.path.join(directory, "file")
+    with open(a_file, "w") as f:
+      f.write("x")
+    with self.assertRaisesRegex(ValueError, "is a file, not a directory"):
+      train.train(CONFIG, a_file, echo=lambda line: None)
+    with self.assertRaisesRegex(ValueError, "is not writable"):
+      train.train(CONFIG, os.path.join(a_file, "run"), echo=lambda line: None)
+    model_dir = self._copy()
+    with open(os.path.join(model_dir, run_dir.CONFIG_FILE), "w") as f:
+      f.write("{}")
+    with self.assertRaisesRegex(ValueError, r"config.json is not the "
+                                "description of a training run"):
+      run_dir.read_run(model_dir)
+    with open(os.path.join(model_dir, run_dir.CONFIG_FILE), "w") as f:
+      f.write("{not json")
+    with self.assertRaisesRegex(ValueError, r"config.json is not valid JSON"):
+      train.train(CONFIG, model_dir, echo=lambda line: None)
+    # A dataset that is not there stops the run before config.json exists.
+    empty = os.path.join(directory, "fresh")
+    with self.assertRaisesRegex(ValueError, "is not prepared"):
+      train.train(configs.override(CONFIG, dataset="cifar10"), empty,
+                  data_dir=directory, echo=lambda line: None)
+    self.assertFalse(os.path.exists(os.path.join(empty, run_dir.CONFIG_FILE)))
+
+
+if __name__ == "__main__":
+  absltest.main()

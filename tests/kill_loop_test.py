@@ -1,0 +1,121 @@
+"""Kill a training at random moments around its saves; it always comes back.
+
+A tiny --deterministic run (a checkpoint every 20 steps) is killed with
+SIGKILL again and again, each time at a random moment just after a progress
+line or a save, and resumed by running the same command. After every kill
+the newest intact checkpoint is at most one checkpoint interval behind the
+last step the run reported; at the end the weights are bit-identical to an
+uninterrupted run's. KILL_LOOP_ITERATIONS (default 5) sets how many kills;
+docs/training.md records a run of 50.
+"""
+
+import os
+import random
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+
+from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import run_dir
+import testing
+
+ITERATIONS = int(os.environ.get("KILL_LOOP_ITERATIONS", "5"))
+CHECKPOINT_STEPS = 20
+# A run advances about 16 steps per kill on average (a kill comes after 1-12
+# progress lines or saves, and up to one interval is redone), so 30 steps a
+# kill leaves room for every one of them before the run finishes.
+TRAIN_STEPS = max(400, 30 * ITERATIONS)
+FLAGS = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
+         f"--train_steps={TRAIN_STEPS}", f"--checkpoint_steps={CHECKPOINT_STEPS}",
+         "--log_steps=5", "--steps_per_loop=5", "--keep_checkpoints=3",
+         "--noeval_at_end", "--deterministic"]
+
+
+def _tensors(model_dir):
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+  return {name: reader.get_tensor(name)
+          for name, dtype in reader.get_variable_to_dtype_map().items()
+          if dtype != tf.variant and not name.startswith(
+              ("save_counter", "_CHECKPOINT"))}
+
+
+class KillLoopTest(testing.ProcessTestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    reference = os.path.join(cls.root, "reference")
+    testing.run_binary("train", f"--model_dir={reference}", *FLAGS,
+                       check=True)
+    cls.reference = _tensors(reference)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+  def _run_until_killed(self, model_dir, rng):
+    """Starts the training, kills it at a random moment; returns (the last
+    step it reported, whether it finished before the kill)."""
+    process = self.start_binary("train", f"--model_dir={model_dir}", *FLAGS)
+    lines = []
+    reader = threading.Thread(
+        target=lambda: lines.extend(iter(process.stderr.readline, "")),
+        daemon=True)
+    reader.start()
+    # A random number of progress lines or saves, then a random fraction of
+    # a step: most kills land in or right next to a checkpoint write.
+    events = rng.randint(1, 12)
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+      seen = [l for l in list(lines)
+              if l.startswith(('{"step"', "saved checkpoint"))]
+      if len(seen) >= events:
+        break
+      time.sleep(0.01)
+    time.sleep(rng.uniform(0, 0.05))
+    finished = process.poll() is not None
+    if not finished:
+      process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    reader.join(timeout=10)
+    steps = [int(m.group(1)) for m in
+             (re.match(r'\{"step": (\d+),', l) for l in lines) if m]
+    return (max(steps) if steps else 0), finished
+
+  def test_never_loses_more_than_one_interval(self):
+    rng = random.Random(2017)
+    model_dir = os.path.join(self.create_tempdir().full_path, "run")
+    kills = 0
+    while kills < ITERATIONS:
+      reported, finished = self._run_until_killed(model_dir, rng)
+      self.assertFalse(finished, f"the run finished after {kills} of "
+                       f"{ITERATIONS} kills; raise TRAIN_STEPS")
+      kills += 1
+      intact, damaged = run_dir.intact_checkpoints(model_dir)
+      newest = run_dir.checkpoint_step(intact[0]) if intact else 0
+      self.assertGreaterEqual(newest, reported - CHECKPOINT_STEPS,
+                              f"kill {kills}: reported step {reported}, "
+                              f"newest intact checkpoint {newest}, damaged "
+                              f"{sorted(damaged)}")
+      print(f"kill {kills}: reported {reported}, resumes from {newest}"
+            + (f", damaged {sorted(map(os.path.basename, damaged))}"
+               if damaged else ""))
+    testing.run_binary("train", f"--model_dir={model_dir}", *FLAGS,
+                       check=True)
+    final = _tensors(model_dir)
+    self.assertEqual(sorted(final), sorted(self.reference))
+    for name, value in self.reference.items():
+      self.assertTrue(np.array_equal(final[name], value),
+                      f"{name} differs from the uninterrupted run")
+
+
+if __name__ == "__main__":
+  absltest.main()
