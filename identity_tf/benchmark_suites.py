@@ -180,11 +180,7 @@ def train_step_suite(options):
       f"({achieved / 1e9:.1f} and {ours_flops['max'] / 1e9:.1f} of "
       f"{peak / 1e9:.1f} GFLOP/s, the best SGEMM; target >= 85%)")
   lines.append("")
-  for contender in contenders:
-    figure = contender.figures()["images_per_second"]
-    lines.append(f"{contender.name}: {figure['median']:.2f} images/s median "
-                 f"(min {figure['min']:.2f}, max {figure['max']:.2f}, "
-                 f"{figure['n']} repeats of {options.steps} step(s))")
+  lines += _throughput_lines(contenders, f"{options.steps} step(s)")
   for p in peaks:
     by_library = ", ".join(f"{k} {p[k] / 1e9:.1f}" for k in
                            ("tensorflow", "numpy", "torch") if k in p)
@@ -258,10 +254,7 @@ def bf16_suite(options):
         f"{smoke['float32']['loss']:.4f} vs "
         f"{smoke['mixed_bfloat16']['loss']:.4f}")
   lines.append("")
-  for contender in contenders:
-    figure = contender.figures()["images_per_second"]
-    lines.append(f"{contender.name}: {figure['median']:.2f} images/s median "
-                 f"(min {figure['min']:.2f}, max {figure['max']:.2f})")
+  lines += _throughput_lines(contenders)
   return results, lines
 
 
@@ -370,6 +363,32 @@ def _plot(panels, path, title):
   pyplot.close(figure)
 
 
+def _throughput_lines(contenders, repeat=None):
+  """A line per contender: median, min and max images/s (and the number of
+  repeats of REPEAT, if given)."""
+  lines = []
+  for contender in contenders:
+    figure = contender.figures()["images_per_second"]
+    repeats = f", {figure['n']} repeats of {repeat}" if repeat else ""
+    lines.append(f"{contender.name}: {figure['median']:.2f} images/s median "
+                 f"(min {figure['min']:.2f}, max {figure['max']:.2f}"
+                 f"{repeats})")
+  return lines
+
+
+def _plot_sweeps(path, sweeps, curves, variables, title):
+  """Plots SWEEPS into PATH (nothing if None): a panel per (variable, what is
+  held) of VARIABLES, a line per (name, label) of CURVES, from the sweep
+  "<name>_vs_<variable>". Returns PATH."""
+  if path:
+    _plot([(f"{variable} ({held})",
+            [(label, sweeps[f"{name}_vs_{variable}"])
+             for name, label in curves])
+           for variable, held in variables], path, title)
+    log(f"wrote {path}")
+  return path
+
+
 def _sweep_lines(sweeps, expectation):
   """Summary of scaling sweeps: fitted exponents, EXPECTATION, then times."""
   lines = [f"{name}: time ~ {s['variable']}^{s['exponent']:.2f}"
@@ -424,16 +443,11 @@ def linear_suite(options):
       "gradient_vs_d": _sweep(options, "gradient_vs_d", "d", dims,
                               lambda d: gradient_time(options.l, d)),
   }
-  path = options.plot
-  if path:
-    _plot([(f"l (d = {options.d})",
-            [("construct (Thm 2.1)", sweeps["construct_vs_l"]),
-             ("gradient (Lemma 2.4)", sweeps["gradient_vs_l"])]),
-           (f"d (l = {options.l})",
-            [("construct (Thm 2.1)", sweeps["construct_vs_d"]),
-             ("gradient (Lemma 2.4)", sweeps["gradient_vs_d"])])],
-          path, "Section 2: linear residual networks")
-    log(f"wrote {path}")
+  path = _plot_sweeps(
+      options.plot, sweeps, [("construct", "construct (Thm 2.1)"),
+                             ("gradient", "gradient (Lemma 2.4)")],
+      [("l", f"d = {options.d}"), ("d", f"l = {options.l}")],
+      "Section 2: linear residual networks")
   results = {"sweeps": sweeps, "plot": path, "d": options.d, "l": options.l}
   return results, _sweep_lines(
       sweeps, "(expected: gradient O(l d^3); construct O(d^3) + O(l d^2) "
@@ -475,16 +489,11 @@ def construct_suite(options):
       "verify_vs_d": _sweep(options, "verify_vs_d", "d", dims,
                             lambda d: build(options.n, d, "verify")),
   }
-  path = options.plot
-  if path:
-    _plot([(f"n (d = {options.d})",
-            [("construct", sweeps["construct_vs_n"]),
-             ("evaluate on all n points", sweeps["verify_vs_n"])]),
-           (f"d (n = {options.n})",
-            [("construct", sweeps["construct_vs_d"]),
-             ("evaluate on all n points", sweeps["verify_vs_d"])])],
-          path, "Section 3: the expressivity construction")
-    log(f"wrote {path}")
+  path = _plot_sweeps(
+      options.plot, sweeps, [("construct", "construct"),
+                             ("verify", "evaluate on all n points")],
+      [("n", f"d = {options.d}"), ("d", f"n = {options.n}")],
+      "Section 3: the expressivity construction")
   results = {"sweeps": sweeps, "plot": path, "d": options.d, "n": options.n,
              "networks": [{"n": n, "d": d, **v} for (n, d), v in
                           sorted(details.items())]}

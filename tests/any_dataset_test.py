@@ -8,8 +8,6 @@ signatures take the dataset's raw 28x28 grey images) and bin/construct.
 
 import json
 import os
-import shutil
-import tempfile
 
 from absl.testing import absltest
 import numpy as np
@@ -33,12 +31,11 @@ def _numpy_eval_preprocessing(images):
   return ((rgb - mean) / std).astype(np.float32)
 
 
-class FashionMnistTest(absltest.TestCase):
+class FashionMnistTest(testing.SharedRootTestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.data_dir = os.path.join(cls.root, "data")
     cls.raw = testing.write_fashion_mnist_files(
         os.path.join(cls.root, "raw"), np.random.default_rng(0), COUNTS)
@@ -53,11 +50,6 @@ class FashionMnistTest(absltest.TestCase):
         "--width=0.0625", "--units=1", "--batch_size=8", "--train_steps=6",
         "--checkpoint_steps=6", "--log_steps=3", "--steps_per_loop=3",
         check=True)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.root, ignore_errors=True)
-    super().tearDownClass()
 
   def test_training_records_what_the_dataset_is(self):
     with open(os.path.join(self.model_dir, run_dir.CONFIG_FILE)) as f:

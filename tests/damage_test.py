@@ -13,7 +13,6 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 from unittest import mock
 
 from absl.testing import absltest
@@ -65,19 +64,13 @@ def _iterator_offset(prefix):
   return offset
 
 
-class DamageTest(absltest.TestCase):
+class DamageTest(testing.SharedRootTestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.pristine = os.path.join(cls.root, "pristine")
     train.train(CONFIG, cls.pristine, echo=lambda line: None)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.root, ignore_errors=True)
-    super().tearDownClass()
 
   def _copy(self):
     model_dir = os.path.join(self.create_tempdir().full_path, "run")

@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import tarfile
-import tempfile
 from unittest import mock
 
 from absl.testing import absltest
@@ -137,13 +136,12 @@ def _standardized(images):
       tf.constant(images, tf.float32)).numpy()
 
 
-class InputPipelineTest(tf.test.TestCase):
+class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     tfds.disable_progress_bar()
-    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.data_dir = os.path.join(cls.root, "data")
     rng = np.random.default_rng(0)
     cls.raw = {}
@@ -170,11 +168,6 @@ class InputPipelineTest(tf.test.TestCase):
     with testing.fewer_mnist_examples(FASHION_COUNTS):
       tfds_data.prepare("fashion_mnist", cls.data_dir, source_dir=cls.fashion_raw,
                  echo=lambda line: None)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.root, ignore_errors=True)
-    super().tearDownClass()
 
   # --- contract -----------------------------------------------------------
 

@@ -12,9 +12,7 @@ docs/training.md records a run of 50.
 import os
 import random
 import re
-import shutil
 import signal
-import tempfile
 import threading
 import time
 
@@ -45,21 +43,15 @@ def _tensors(model_dir):
               ("save_counter", "_CHECKPOINT"))}
 
 
-class KillLoopTest(testing.ProcessTestCase):
+class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     reference = os.path.join(cls.root, "reference")
     testing.run_binary("train", f"--model_dir={reference}", *FLAGS,
                        check=True)
     cls.reference = _tensors(reference)
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.root, ignore_errors=True)
-    super().tearDownClass()
 
   def _run_until_killed(self, model_dir, rng):
     """Starts the training, kills it at a random moment; returns (the last

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 
 from absl.testing import absltest
 
@@ -32,12 +31,11 @@ def _run(command, **kwargs):
   return result
 
 
-class PackageTest(absltest.TestCase):
+class PackageTest(testing.SharedRootTestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     # A copy: setuptools writes build/ and *.egg-info next to pyproject.toml.
     source = os.path.join(cls.root, "source")
     for name in _SOURCES:
@@ -68,11 +66,6 @@ class PackageTest(absltest.TestCase):
     cls.env = {k: v for k, v in os.environ.items() if k not in (
         "PYTHONPATH", "BUILD_WORKING_DIRECTORY")}
     cls.env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.root, ignore_errors=True)
-    super().tearDownClass()
 
   def test_wheel_holds_the_library_and_the_binaries(self):
     python = os.path.join(self.venv, "bin", "python")

@@ -2,8 +2,10 @@
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from unittest import mock
 
 from absl.testing import absltest
@@ -45,6 +47,25 @@ def run_binary(name, *args, timeout=600, env=None, check=False):
         f"bin/{name}.py {' '.join(map(str, args))} exited {result.returncode}:\n"
         f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
   return result
+
+
+class SharedRoot:
+  """Mixin: `cls.root`, a directory made before the class's setUpClass body
+  (which calls super() first) and removed after its last test."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+
+class SharedRootTestCase(SharedRoot, absltest.TestCase):
+  """An absltest.TestCase with `cls.root`."""
 
 
 class ProcessTestCase(absltest.TestCase):
