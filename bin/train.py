@@ -177,7 +177,7 @@ def _summary(result, config, model_dir):
     tensorboard = "tensorboard"
   return [summary, f"checkpoints: {model_dir}",
           f"TensorBoard: {tensorboard} --logdir {model_dir}",
-          f"evaluate:    bazel run //bin:evaluate -- --model_dir={model_dir}"]
+          f"evaluate:    {cli.command('evaluate', f'--model_dir={model_dir}')}"]
 
 
 def main(argv):

@@ -1,4 +1,8 @@
-"""What every binary does first: quiet logs and no stray arguments."""
+"""What every binary does first (quiet logs, no stray arguments), and how
+the user runs a binary, for the commands that messages suggest."""
+
+import os
+import sys
 
 from absl import flags
 from absl import logging
@@ -17,3 +21,15 @@ def begin(argv, example="--help"):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
                      f"flags look like {example}")
+
+
+def command(binary, args=""):
+  """The command line that runs bin/BINARY.py with ARGS the way this process
+  was run: `identity-tf-NAME ARGS` from a pip-installed console script
+  (pyproject.toml), else `bazel run //bin:BINARY -- ARGS`."""
+  if os.path.basename(sys.argv[0] if sys.argv else "").startswith(
+      "identity-tf-"):
+    line = f"identity-tf-{binary.replace('_', '-')}"
+    return f"{line} {args}" if args else line
+  line = f"bazel run //bin:{binary}"
+  return f"{line} -- {args}" if args else line

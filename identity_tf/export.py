@@ -36,6 +36,7 @@ import uuid
 import keras
 import tensorflow as tf
 
+from identity_tf import cli
 from identity_tf import datasets
 from identity_tf import preprocessing as prep
 from identity_tf import serving_contract
@@ -393,7 +394,7 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
   choose_version(export_dir, version, overwrite)  # Fail before restoring.
   if not tf.io.gfile.isdir(model_dir):
     raise ValueError(f"--model_dir={model_dir} does not exist; pass the "
-                     f"directory of a training run (bazel run //bin:train)")
+                     f"directory of a training run ({cli.command('train')})")
   path = run_dir.find_checkpoint(model_dir, checkpoint, echo)
   model, description, step = run_dir.restore_model(model_dir, path)
   version, version_dir = export_model(

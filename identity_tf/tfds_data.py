@@ -15,6 +15,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import cli
 from identity_tf import datasets
 from identity_tf import synthetic
 
@@ -120,11 +121,12 @@ def tfds_module():
 def _how_to_prepare(name, data_dir):
   if name == "imagenet2012":
     return (f"put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from "
-            f"image-net.org into {manual_dir(data_dir)} and run 'bazel run "
-            "//bin:prepare_data -- --dataset=imagenet2012 "
-            f"--data_dir={data_dir}' (no internet needed)")
-  command = (f"'bazel run //bin:prepare_data -- --dataset={name} "
-             f"--data_dir={data_dir}'")
+            f"image-net.org into {manual_dir(data_dir)} and run '"
+            + cli.command("prepare_data", f"--dataset=imagenet2012 "
+                          f"--data_dir={data_dir}")
+            + "' (no internet needed)")
+  command = ("'" + cli.command("prepare_data", f"--dataset={name} "
+                               f"--data_dir={data_dir}") + "'")
   if name in datasets.DEBIAN_SOURCES:
     return (f"run 'apt-get install {datasets.DEBIAN_SOURCES[name][0]}', then "
             f"{command} (no internet needed)")

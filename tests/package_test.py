@@ -98,6 +98,9 @@ class PackageTest(testing.SharedRootTestCase):
     self.assertEqual(result.stdout.splitlines()[1],
                      f"checkpoints: {model_dir}")
     self.assertTrue(result.stdout.startswith("done: step 10"))
+    # The commands it suggests are console scripts too.
+    self.assertIn(f"evaluate:    identity-tf-evaluate --model_dir={model_dir}",
+                  result.stdout.splitlines())
     with open(os.path.join(model_dir, "config.json")) as f:
       self.assertEqual(json.load(f)["config"]["preset"], "smoke")
     bad = subprocess.run(
