@@ -259,7 +259,11 @@ def plot_curves(results, path):
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
   figure, (loss_axes, top1_axes) = pyplot.subplots(1, 2, figsize=(13, 5))
-  for arm in results["arms"]:
+  # One colour per arm in both panels: an arm that diverged has a loss
+  # curve but no test curve, so the default colour cycles would drift apart.
+  colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
+  for number, arm in enumerate(results["arms"]):
+    colour = colours[number % len(colours)]
     runs = arm["runs"]
     for axes, key in ((loss_axes, "train_loss"), (top1_axes, "test_top1")):
       curves = [r["curves"][key] for r in runs if r["curves"][key]]
@@ -270,16 +274,17 @@ def plot_curves(results, path):
         continue
       label = arm["name"] + (f" ({len(curves)} seeds)" if len(curves) > 1
                              else "")
-      (line,) = axes.plot(steps, values, label=label)
+      axes.plot(steps, values, label=label, color=colour,
+                linestyle="-" if number < len(colours) else "--")
       if any(r["status"] == "diverged" for r in runs) and key == "train_loss":
-        axes.plot(steps[-1:], values[-1:], "x", color=line.get_color(),
-                  markersize=10)
+        axes.plot(steps[-1:], values[-1:], "x", color=colour, markersize=10)
   loss_axes.set(xlabel="step", ylabel="training loss", yscale="log",
                 title="training loss (x: diverged after this point)")
   top1_axes.set(xlabel="step", ylabel="test top-1", title="test top-1")
   for axes in (loss_axes, top1_axes):
     axes.grid(True, alpha=0.3)
-  top1_axes.legend(fontsize=8, loc="lower right")
+  # The loss panel names every arm that logged a step, diverged ones too.
+  loss_axes.legend(fontsize=8, loc="upper right")
   figure.suptitle(f"study {results['study']}")
   figure.tight_layout()
   figure.savefig(path, dpi=100)
