@@ -125,9 +125,9 @@ _IMAGENET_LITERAL = Config(
 
 # The paper's recipe diverges on real images within a few hundred steps
 # (docs/results.md: Fashion-MNIST, at the study's width and at full width).
-# The presets that train add the smallest stabiliser that trained every
-# seed of the study: the global gradient norm clipped to 1 (ours, not the
-# paper's). Every other value is the paper's.
+# The presets that train add the smallest stabiliser that trained in the
+# study: the global gradient norm clipped to 1 (ours, not the paper's), one
+# scalar of the optimiser. Every other value is the paper's.
 STABILISER = dict(grad_clip_norm=1.0)
 
 PRESETS = {

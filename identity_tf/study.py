@@ -231,9 +231,11 @@ def markdown_table(results):
                   if r["status"] in ("running", "pending")]
     if unfinished:
       nan.append(f"{len(unfinished)} unfinished")
-    minutes = [r["wall_seconds"] / 60 for r in runs]
-    wall = (f"{minutes[0]:.1f} min" if len(minutes) == 1 else
-            f"{np.mean(minutes):.1f} min per seed")
+    # Only finished runs: a run still going has spent part of its time.
+    minutes = [r["wall_seconds"] / 60 for r in runs
+               if r["status"] in ("done", "diverged")]
+    wall = ("--" if not minutes else f"{minutes[0]:.1f} min"
+            if len(runs) == 1 else f"{np.mean(minutes):.1f} min per seed")
     lines.append(
         f"| {arm['name']} | {arm['description']} | "
         f"{', '.join(str(r['seed']) for r in runs)} | "

@@ -45,7 +45,8 @@ MADE_UP = {
             _run(0, "done", [0.80, 0.9120]), _run(1, "done", [0.82, 0.9050]),
             _run(2, "done", [0.79, 0.9180])]},
         {"name": "half", "description": "one seed left", "runs": [
-            _run(0, "done", [0.7, 0.85]), _run(1, "running", [0.6])]},
+            _run(0, "done", [0.7, 0.85]),
+            _run(1, "running", [0.6], minutes=0.5)]},
     ]}
 
 
@@ -65,6 +66,7 @@ class ReportTest(absltest.TestCase):
     self.assertEqual(clip[5:], ["none", "2.0 min per seed"])
     self.assertEqual(half[3], "85.00, --")  # No mean over a missing value.
     self.assertEqual(half[5], "1 unfinished")
+    self.assertEqual(half[6], "2.0 min per seed")  # Finished runs only.
 
   def test_report_files(self):
     output_dir = self.create_tempdir().full_path
