@@ -66,10 +66,9 @@ def main(argv):
   from identity_tf import tfds_data
   # pylint: enable=g-import-not-at-top
 
-  def evaluate(checkpoint):
-    model, description, step = run_dir.restore_model(
-        model_dir, checkpoint,
-        echo=lambda line: print(f"note: {line}; skipped", file=sys.stderr))
+  def evaluate(path):
+    """Evaluates checkpoint PATH, already found and verified."""
+    model, description, step = run_dir.restore_checkpoint(model_dir, path)
     trained = description["dataset"]
     dataset = FLAGS.dataset or trained["name"]
     # The model's own preprocessing on its own dataset; on another one, that
@@ -99,7 +98,9 @@ def main(argv):
     data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
     run_dir.read_run(model_dir)  # A clear error if this is no run at all.
     if not FLAGS.watch:
-      evaluate(FLAGS.checkpoint)
+      evaluate(run_dir.find_checkpoint(
+          model_dir, FLAGS.checkpoint,
+          echo=lambda line: print(f"note: {line}; skipped", file=sys.stderr)))
       return
     train_steps = run_dir.read_run(model_dir)["config"]["train_steps"]
     for path in tf.train.checkpoints_iterator(

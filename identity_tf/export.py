@@ -396,7 +396,7 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
     raise ValueError(f"--model_dir={model_dir} does not exist; pass the "
                      f"directory of a training run ({cli.command('train')})")
   path = run_dir.find_checkpoint(model_dir, checkpoint, echo)
-  model, description, step = run_dir.restore_model(model_dir, path)
+  model, description, step = run_dir.restore_checkpoint(model_dir, path)
   version, version_dir = export_model(
       model, description, step, export_dir, version=version,
       overwrite=overwrite, checkpoint=path)

@@ -402,9 +402,15 @@ def restore_model(model_dir, checkpoint=None, echo=None):
   config.json; only its weights are read (not the optimizer or the input
   position).
   """
+  return restore_checkpoint(model_dir,
+                            find_checkpoint(model_dir, checkpoint, echo))
+
+
+def restore_checkpoint(model_dir, path):
+  """`restore_model` of PATH, a prefix `find_checkpoint` has already found
+  and verified (verifying reads every byte: not twice)."""
   from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
   description = read_run(model_dir)
-  path = find_checkpoint(model_dir, checkpoint, echo)
   model = model_lib.build_model(description["model"]["name"],
                                 **description["model"]["options"])
   tf.train.Checkpoint(model=model).read(path).expect_partial()
