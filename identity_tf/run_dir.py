@@ -20,6 +20,7 @@ import os
 import time
 
 import tensorflow as tf
+from tensorflow.core.util import event_pb2
 
 from identity_tf import architectures
 from identity_tf import configs
@@ -443,7 +444,10 @@ def read_scalars(log_dir):
   """
   scalars = {}
   for path in sorted(tf.io.gfile.glob(os.path.join(log_dir, "events.*"))):
-    for event in tf.compat.v1.train.summary_iterator(path):
+    # tf.data rather than tf.compat.v1.train.summary_iterator, which warns
+    # that it is deprecated on every call.
+    for record in tf.data.TFRecordDataset(path):
+      event = event_pb2.Event.FromString(record.numpy())
       for value in event.summary.value:
         number = float(tf.make_ndarray(value.tensor))
         scalars.setdefault(value.tag, []).append((event.step, number))
