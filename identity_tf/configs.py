@@ -189,7 +189,7 @@ STUDIES = {
         "stabilisers",
         "The paper's CIFAR recipe as written, each stabiliser alone (the "
         "one the cifar10_paper preset adds for three seeds), a looser clip, "
-        "one pair, and the batch-norm baseline.",
+        "two pairs, and the batch-norm baseline.",
         arms=(
             Arm("literal", _LITERAL,
                 description="Section 4.1 as written"),
@@ -218,6 +218,11 @@ STUDIES = {
             Arm("clip+projection_1/d", _LITERAL,
                 (("grad_clip_norm", 1.0), ("projection_scale", "features")),
                 description="the two together"),
+            # The two stabilisers that trained best alone: whether bounding
+            # the first steps harder closes clip's gap to batch norm.
+            Arm("clip+warmup", _LITERAL,
+                (("grad_clip_norm", 1.0), ("warmup_steps", 1000)),
+                description="clipped to 1 and warmed up over 1000 steps"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 seeds=(0, 1, 2),
                 description="the batch-norm baseline, the paper's recipe"),
