@@ -27,8 +27,11 @@ ITERATIONS = int(os.environ.get("KILL_LOOP_ITERATIONS", "5"))
 CHECKPOINT_STEPS = 20
 # A run advances about 16 steps per kill on average (a kill comes after 1-12
 # progress lines or saves, and up to one interval is redone), so 30 steps a
-# kill leaves room for every one of them before the run finishes.
-TRAIN_STEPS = max(400, 30 * ITERATIONS)
+# kill leaves room for every one of them before the run finishes. The floor
+# is for a loaded machine: this network runs about 130 steps a second, and
+# with other tests on both cores the test has seen its last kill's lines
+# late enough for a resumed run to finish 320 steps first (CI, measured).
+TRAIN_STEPS = max(2000, 30 * ITERATIONS)
 FLAGS = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
          f"--train_steps={TRAIN_STEPS}", f"--checkpoint_steps={CHECKPOINT_STEPS}",
          "--log_steps=5", "--steps_per_loop=5", "--keep_checkpoints=3",
