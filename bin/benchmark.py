@@ -24,20 +24,15 @@ the suites say so and report identity_tf's figures alone. BENCHMARKS.md has
 the measured figures.
 """
 
-import json
 import os
 import sys
-import types
 
 from absl import app
 from absl import flags
 
-from identity_tf import configs
 from identity_tf import cli
-from identity_tf import paths
 
 SUITES = ("train_step", "bf16", "input_pipeline", "linear", "construct")
-# What the train_step and bf16 suites time (recorded in the JSON).
 FLAGS = flags.FLAGS
 _ABSL_FLAGS = set(FLAGS)  # absl's own; the rest are what the suites read.
 
@@ -76,7 +71,7 @@ flags.DEFINE_integer("smoke_steps", 500, "bf16: steps of the smoke-preset "
 # Input pipeline.
 flags.DEFINE_string("dataset", "synthetic", "input_pipeline: synthetic, "
                     "cifar10 or cifar100 (prepared in --data_dir).")
-flags.DEFINE_string("data_dir", None, "TFDS data directory.")
+cli.define_data_dir()
 flags.DEFINE_integer("batches", 100, "input_pipeline: batches per timed "
                      "repeat.")
 # Theory.
@@ -111,75 +106,16 @@ flags.mark_flag_as_required("suite")
 _OWN = set(FLAGS) - _ABSL_FLAGS
 
 
-def log(message):
-  print(message, file=sys.stderr, flush=True)
-
-
-def _options():
-  """The flags as the suites take them: lists of integers parsed, the plot's
-  and the JSON's paths resolved against the user's directory."""
-  options = types.SimpleNamespace(
-      **{name: FLAGS[name].value for name in FLAGS if name in _OWN})
-  for name, minimum in (("layers", 1), ("dims", 1), ("points", 2)):
-    values = configs.parse_integers(name, getattr(options, name))
-    if not values or min(values) < minimum:
-      raise ValueError(f"--{name} needs integers >= {minimum}, got "
-                       f"{','.join(map(str, values))}")
-    setattr(options, name, list(values))
-  plot = options.plot
-  if plot is None:
-    plot = f"benchmark_{options.suite}.png"
-  options.plot = paths.resolve_path(plot) if plot else None
-  if options.json:
-    options.json = paths.resolve_path(options.json)
-    directory = os.path.dirname(options.json)
-    if not os.path.isdir(directory):
-      raise ValueError(f"--json={FLAGS.json}: directory {directory} does not "
-                       "exist; create it or pick another path")
-  return options
-
-
 def main(argv):
   cli.begin(argv, "--suite=train_step")
+  from identity_tf.bench import report  # pylint: disable=g-import-not-at-top
   try:
-    options = _options()
+    options = report.options_from_flags(
+        {name: FLAGS[name].value for name in FLAGS if name in _OWN})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    report.benchmark_command(options, sys.argv[1:])
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  # pylint: disable=g-import-not-at-top
-  from identity_tf import benchmark_suites
-  from identity_tf import benchmarks
-  # pylint: enable=g-import-not-at-top
-  machine = benchmarks.machine_info()
-  log(f"{options.suite} on {machine['cores']} cores ({machine['cpu']}), load "
-      f"average {machine['load_average']}")
-  try:
-    results, lines = benchmark_suites.SUITES[options.suite](options)
-  except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
-  machine["load_average_end"] = benchmarks.load_average()
-  report = {
-      "suite": options.suite,
-      "command": "bazel run //bin:benchmark -- " + " ".join(sys.argv[1:]),
-      "machine": machine,
-      "flags": {name: getattr(options, name) for name in (
-          "model", "width", "units", "batch_size", "steps", "repeats",
-          "strategy", "torch_memory_formats", "torch_threads", "sgemm_size",
-          "sgemm_repeats", "smoke_steps", "dataset", "batches", "layers",
-          "dims", "d", "l", "points", "n")},
-      "results": results,
-      "summary": lines,
-  }
-  print(f"{options.suite}, {machine['date_utc']} UTC, {machine['cores']} "
-        f"cores, load average {machine['load_average']} -> "
-        f"{machine['load_average_end']}")
-  for line in lines:
-    print(line)
-  if options.json:
-    with open(options.json, "w") as f:
-      json.dump(report, f, indent=1, default=float)
-      f.write("\n")
-    log(f"wrote {options.json}")
 
 
 def run():

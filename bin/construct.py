@@ -7,20 +7,23 @@
 --data is an .npz with `x` (n, d) float and `y` (n,) integer labels in
 [0, r); --dataset is any TFDS image-classification dataset (flattened
 training images). The network is built by the construction of Section 3
-(Lemma B.1, identity_tf/construction.py), checked on every training point,
-and written to --output_dir as weights.npz (framework-free), model.keras
-(the library's layers; load after `import identity_tf.construction_model`)
-and report.json (identity_tf/construction_run.py). --sgd_steps=N also
-trains the same architecture by SGD from the paper's init on the same labels
-and writes sgd.json: the contrast. Progress goes to stderr, the report's
-main numbers to stdout as one JSON object.
+(Lemma B.1, identity_tf/theory/construction.py), checked on every training
+point, and written to --output_dir as weights.npz (framework-free),
+model.keras (the library's layers; load after
+`import identity_tf.theory.construction_model`) and report.json
+(identity_tf/theory/construction_run.py: `construct_command`).
+--sgd_steps=N also trains the same architecture by SGD from the paper's init
+on the same labels and writes sgd.json: the contrast. Progress goes to
+stderr, the report's main numbers to stdout as one JSON object.
 """
 
 import os
 
-# One BLAS thread per worker: the construction splits its work over two
-# threads itself, and a multi-threaded BLAS on a shared machine spins for
-# cores other processes hold (10x slower small products, measured).
+# One BLAS thread per thread of the construction: it splits its products over
+# every core itself (identity_tf/theory/parallel.py), so a multi-threaded BLAS
+# would put several threads on each core; and on a shared machine a
+# multi-threaded OpenBLAS spins for cores other processes hold (10x slower
+# small products, measured).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -31,7 +34,6 @@ from absl import app
 from absl import flags
 
 from identity_tf import cli
-from identity_tf import paths
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data", None, ".npz file with x (n, d) and y (n,)")
@@ -39,8 +41,7 @@ flags.DEFINE_string("dataset", None, "TFDS dataset to fit instead of --data "
                     "(training images, flattened), e.g. fashion_mnist")
 flags.DEFINE_integer("num_examples", 1000, "examples of --dataset to fit",
                      lower_bound=1)
-flags.DEFINE_string("data_dir", None, "TFDS data directory for --dataset "
-                    "(default ~/tensorflow_datasets); never downloads")
+cli.define_data_dir()
 flags.DEFINE_integer("num_classes", None, "r; default: max label + 1 (the "
                      "dataset's classes for --dataset)", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "seed of the projection and surrogates")
@@ -71,36 +72,17 @@ def log(message):
 def main(argv):
   cli.begin(argv, "--output_dir=DIR")
   # Importing TensorFlow/Keras takes seconds: only after the flags are valid.
-  from identity_tf import construction_run  # pylint: disable=g-import-not-at-top
-  try:
-    num_classes = FLAGS.num_classes
-    if FLAGS.data is not None:
-      x, y = construction_run.read_npz(paths.resolve_path(FLAGS.data))
-      source = FLAGS.data
-    else:
-      data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
-      log(f"reading {FLAGS.num_examples} examples of {FLAGS.dataset}")
-      x, y, classes = construction_run.load_dataset(
-          FLAGS.dataset, FLAGS.num_examples, data_dir)
-      num_classes = num_classes or classes
-      source = f"tfds:{FLAGS.dataset}[:{len(x)}]"
-    report = construction_run.run(
-        x, y, paths.resolve_path(FLAGS.output_dir), num_classes=num_classes,
-        seed=FLAGS.seed, source=source,
+  from identity_tf.theory import construction_run  # pylint: disable=g-import-not-at-top
+  with cli.errors_as_exit():
+    construction_run.construct_command(
+        cli.path(FLAGS.output_dir), data=cli.path(FLAGS.data),
+        data_as_typed=FLAGS.data, dataset=FLAGS.dataset,
+        num_examples=FLAGS.num_examples, data_dir=cli.path(FLAGS.data_dir),
+        num_classes=FLAGS.num_classes, seed=FLAGS.seed,
         keras_check_examples=FLAGS.keras_check_examples,
         sgd_steps=FLAGS.sgd_steps, sgd_batch_size=FLAGS.sgd_batch_size,
-        sgd_learning_rate=FLAGS.sgd_learning_rate, log=log)
-  except ValueError as error:
-    raise SystemExit(f"error: {error}") from None
-  print(json.dumps({key: report[key] for key in (
-      "n", "d", "r", "k", "L", "parameters", "rho", "rho_prime", "ratio",
-      "training_accuracy", "keras_accuracy", "seconds")}), flush=True)
-  if report["training_accuracy"] < 1.0 or report["keras_accuracy"] not in (
-      None, 1.0):
-    raise SystemExit(
-        f"error: the constructed network fits only "
-        f"{report['training_accuracy']:.6f} of the training points "
-        f"(model.keras: {report['keras_accuracy']}); this is a bug")
+        sgd_learning_rate=FLAGS.sgd_learning_rate, log=log,
+        emit=lambda summary: print(json.dumps(summary), flush=True))
 
 
 def run():

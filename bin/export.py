@@ -19,16 +19,11 @@ from absl import app
 from absl import flags
 
 from identity_tf import cli
-from identity_tf import paths
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("model_dir", None,
-                    "The training run's directory (config.json and "
-                    "checkpoints).")
-flags.DEFINE_string("checkpoint", None,
-                    "A step, ckpt-<step> or a checkpoint path prefix. "
-                    "Default: the latest in --model_dir.")
+cli.define_model_dir(required=True)
+cli.define_checkpoint()
 flags.DEFINE_string("export_dir", None,
                     "TF Serving's model base path: versions are written to "
                     "EXPORT_DIR/<version>/.")
@@ -39,25 +34,23 @@ flags.DEFINE_boolean("overwrite", False,
                      "Replace --version if it exists (TF Serving does not "
                      "reload a version it has loaded: roll out new versions "
                      "instead).")
-flags.mark_flags_as_required(["model_dir", "export_dir"])
+flags.mark_flag_as_required("export_dir")
 
 
 def main(argv):
   cli.begin(argv, "--export_dir=BASE")
-  model_dir = paths.resolve_path(FLAGS.model_dir)
-  export_dir = paths.resolve_path(FLAGS.export_dir)
+  model_dir = cli.path(FLAGS.model_dir)
+  export_dir = cli.path(FLAGS.export_dir)
   checkpoint = FLAGS.checkpoint
   if checkpoint and not checkpoint.isdigit() and os.sep in checkpoint:
-    checkpoint = paths.resolve_path(checkpoint)
+    checkpoint = cli.resolve_path(checkpoint)
   # Imported here so that --help and flag errors do not wait for TensorFlow.
-  from identity_tf import export  # pylint: disable=g-import-not-at-top
-  try:
+  from identity_tf.serving import export  # pylint: disable=g-import-not-at-top
+  with cli.errors_as_exit():
     version, path, info = export.export_run(
         model_dir, export_dir, checkpoint=checkpoint, version=FLAGS.version,
         overwrite=FLAGS.overwrite,
         echo=lambda line: print(f"note: {line}; skipped", file=sys.stderr))
-  except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
 
   print(f"exported step {info['step']} of {model_dir} as version {version}: "
         f"{path}")

@@ -22,15 +22,12 @@ from absl import app
 from absl import flags
 
 from identity_tf import cli
-from identity_tf import paths
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("dataset", None,
                     "The TFDS dataset to prepare, e.g. fashion_mnist, "
                     "cifar10, mnist, svhn_cropped, imagenet2012.")
-flags.DEFINE_string("data_dir", None,
-                    "TFDS data directory (default: TFDS's, "
-                    "~/tensorflow_datasets or $TFDS_DATA_DIR).")
+cli.define_data_dir()
 flags.DEFINE_string("source_dir", None,
                     "A directory holding the files the dataset downloads "
                     "(same names); nothing is downloaded. Default: Debian's "
@@ -42,15 +39,11 @@ flags.mark_flag_as_required("dataset")
 def main(argv):
   cli.begin(argv, "--dataset=NAME")
   # pylint: disable=g-import-not-at-top
-  from identity_tf import tfds_data
+  from identity_tf.data import tfds_data
   # pylint: enable=g-import-not-at-top
-  data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
-  source_dir = (paths.resolve_path(FLAGS.source_dir) if FLAGS.source_dir
-                else None)
-  try:
-    path = tfds_data.prepare(FLAGS.dataset, data_dir, source_dir)
-  except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
+  with cli.errors_as_exit():
+    path = tfds_data.prepare(FLAGS.dataset, cli.path(FLAGS.data_dir),
+                             cli.path(FLAGS.source_dir))
   print(f"{FLAGS.dataset} is ready in {path}; train with "
         f"--dataset={FLAGS.dataset} "
         f"--data_dir={os.path.dirname(os.path.dirname(path))}")

@@ -15,8 +15,8 @@ probabilities. See docs/serving.md.
 from absl import app
 from absl import flags
 
-from identity_tf import paths
-from identity_tf import serving_contract
+from identity_tf import cli
+from identity_tf.serving import contract
 
 FLAGS = flags.FLAGS
 
@@ -30,10 +30,10 @@ flags.DEFINE_string("model_name", None,
 flags.DEFINE_enum("protocol", "rest", ["rest", "grpc"],
                   "rest: POST /v1/models/NAME:predict JSON; grpc: "
                   "PredictionService/Predict.")
-flags.DEFINE_enum("signature", None, list(serving_contract.SIGNATURES),
-                    f"One of {', '.join(serving_contract.SIGNATURES)}. Default: "
-                    f"{serving_contract.IMAGES_SIGNATURE} for image files, "
-                    f"{serving_contract.DEFAULT_SIGNATURE} for .npy arrays.")
+flags.DEFINE_enum("signature", None, list(contract.SIGNATURES),
+                    f"One of {', '.join(contract.SIGNATURES)}. Default: "
+                    f"{contract.IMAGES_SIGNATURE} for image files, "
+                    f"{contract.DEFAULT_SIGNATURE} for .npy arrays.")
 flags.DEFINE_integer("model_version", None,
                      "Ask for this version. Default: the server's choice "
                      "(the latest).")
@@ -52,22 +52,22 @@ def main(argv):
     raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "
                      "arrays after the flags")
   # The client loads TensorFlow (its protos); --help and bad flags do not.
-  from identity_tf import serving_client  # pylint: disable=g-import-not-at-top
+  from identity_tf.serving import client  # pylint: disable=g-import-not-at-top
   try:
-    inputs = [serving_client.read_input(paths.resolve_path(path),
+    inputs = [client.read_input(cli.resolve_path(path),
                                         display_name=path)
               for path in input_paths]
-    names = (serving_client.read_class_names(
-        paths.resolve_path(FLAGS.model_info))
+    names = (client.read_class_names(
+        cli.resolve_path(FLAGS.model_info))
              if FLAGS.model_info else None)
-    results = serving_client.predict(
+    results = client.predict(
         FLAGS.server, FLAGS.model_name, inputs, protocol=FLAGS.protocol,
         signature=FLAGS.signature, version=FLAGS.model_version,
         timeout=FLAGS.timeout)
-  except serving_client.ServingError as e:
+  except client.ServingError as e:
     raise SystemExit(f"error: {e}") from None
   for name, probabilities in results:
-    print(serving_client.format_prediction(name, probabilities, FLAGS.top_k,
+    print(client.format_prediction(name, probabilities, FLAGS.top_k,
                                            names))
 
 

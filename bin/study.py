@@ -21,14 +21,13 @@ from absl import flags
 
 from identity_tf import configs
 from identity_tf import cli
-from identity_tf import paths
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("study", None, sorted(configs.STUDIES), "The study to run.")
 flags.DEFINE_string("dataset", "fashion_mnist",
                     "Dataset of every run: synthetic or a TFDS image-"
                     "classification dataset, prepared in --data_dir.")
-flags.DEFINE_string("data_dir", None, "TFDS data directory.")
+cli.define_data_dir()
 flags.DEFINE_float("epochs", 10.0, "Budget of every run, in epochs.",
                    lower_bound=1e-6)
 flags.DEFINE_float("width", None, "Width multiplier of every run (default: "
@@ -52,12 +51,12 @@ def main(argv):
   cli.begin(argv, "--study=NAME")
   seeds = FLAGS.seeds or None
   study_config = configs.STUDIES[FLAGS.study]
-  output_dir = paths.resolve_path(
+  output_dir = cli.resolve_path(
       FLAGS.output_dir or f"runs/study_{FLAGS.study}_{FLAGS.dataset}")
-  data_dir = paths.resolve_path(FLAGS.data_dir) if FLAGS.data_dir else None
+  data_dir = cli.path(FLAGS.data_dir)
   # pylint: disable=g-import-not-at-top
-  from identity_tf import study
-  from identity_tf import train
+  from identity_tf.training import preemption
+  from identity_tf.training import study
   # pylint: enable=g-import-not-at-top
   try:
     if FLAGS.report_only:
@@ -68,7 +67,7 @@ def main(argv):
           study_config, output_dir, dataset=FLAGS.dataset, epochs=FLAGS.epochs,
           data_dir=data_dir, width=FLAGS.width, arms=FLAGS.arms, seeds=seeds,
           echo=_echo)
-  except train.PreemptedError as e:
+  except preemption.PreemptedError as e:
     _echo(f"study stopped: {e}")
     sys.exit(e.exit_code)
   except ValueError as e:  # DatasetNotReadyError too.

@@ -1,6 +1,10 @@
-"""What every binary does first (quiet logs, no stray arguments), and how
-the user runs a binary, for the commands that messages suggest."""
+"""What the binaries share: their first steps, their common flags, the paths
+a user types, and how a user runs a binary (for the commands that messages
+suggest). Pure Python and absl: no binary loads TensorFlow before its flags
+are checked."""
 
+import contextlib
+import dataclasses
 import os
 import sys
 
@@ -21,6 +25,99 @@ def begin(argv, example="--help"):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
                      f"flags look like {example}")
+
+
+@contextlib.contextmanager
+def errors_as_exit():
+  """A ValueError (the library's one-line errors) becomes "error: ..." on
+  stderr and exit status 1, without a traceback."""
+  try:
+    yield
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+
+
+# ---------------------------------------------------------------------------
+# The flags several binaries take, each defined (and explained) here once.
+
+def define_model_dir(default=None, required=False):
+  """--model_dir; DEFAULT says what the binary does when it is not given."""
+  text = ("A training run's directory: its config.json, checkpoints and "
+          "TensorBoard logs.")
+  holder = flags.DEFINE_string("model_dir", None,
+                               text + (f" Default: {default}" if default
+                                       else ""))
+  if required:
+    flags.mark_flag_as_required("model_dir")
+  return holder
+
+
+def define_data_dir():
+  """--data_dir, where TFDS datasets are prepared and read."""
+  return flags.DEFINE_string(
+      "data_dir", None,
+      "TFDS data directory (default: TFDS's, ~/tensorflow_datasets or "
+      "$TFDS_DATA_DIR); //bin:prepare_data prepares datasets there. Nothing "
+      "is downloaded but by //bin:prepare_data.")
+
+
+def define_checkpoint():
+  """--checkpoint of a run's --model_dir."""
+  return flags.DEFINE_string(
+      "checkpoint", None,
+      "A step, ckpt-<step> or a checkpoint path prefix (default: the newest "
+      "intact checkpoint in --model_dir).")
+
+
+def define_config_flags(config_class, exclude=("preset",)):
+  """One flag per field of CONFIG_CLASS (a dataclass such as
+  `configs.Config`), default None (unset), with the field's help text.
+  `config_overrides` reads back the ones that were set."""
+  for field in dataclasses.fields(config_class):
+    if field.name in exclude:
+      continue
+    kind, text = field.type, field.metadata["help"]
+    if kind is tuple:
+      flags.DEFINE_list(field.name, None, text)
+    elif kind is bool:
+      flags.DEFINE_boolean(field.name, None, text)
+    elif kind is int:
+      flags.DEFINE_integer(field.name, None, text)
+    elif kind is float:
+      flags.DEFINE_float(field.name, None, text)
+    else:
+      flags.DEFINE_string(field.name, None, text)
+
+
+def config_overrides(config_class, exclude=("preset",)):
+  """{field: the value of its flag, None if unset} (`define_config_flags`)."""
+  return {field.name: flags.FLAGS[field.name].value
+          for field in dataclasses.fields(config_class)
+          if field.name not in exclude}
+
+
+def path(value):
+  """A path flag's VALUE resolved against the user's directory, or None."""
+  return resolve_path(value) if value else None
+
+
+def resolve_path(value):
+  """VALUE made absolute against the directory the user ran the command from.
+
+  Under `bazel run` the working directory is the runfiles tree; Bazel puts
+  the user's directory in BUILD_WORKING_DIRECTORY. `~` is expanded; URLs of
+  other filesystems (gs://...) are returned unchanged.
+  """
+  value = os.path.expanduser(os.fspath(value))
+  if os.path.isabs(value) or "://" in value:
+    return value
+  base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
+  return os.path.normpath(os.path.join(base, value))
+
+
+def default_model_dir(preset):
+  """runs/<preset> under the directory the user ran the command from."""
+  return resolve_path(os.path.join("runs", preset))
 
 
 def command(binary, args=""):

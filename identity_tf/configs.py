@@ -26,10 +26,8 @@ docs/training.md.
 """
 
 import dataclasses
-import os
 
 from identity_tf import architectures
-from identity_tf import paths
 
 # Names of the learning-rate schedules (`optimization.learning_rate_schedule`)
 # and of the strategies (`distribute.create_strategy`).
@@ -44,61 +42,104 @@ MODEL_FIELDS = ("model", "dataset", "width", "units", "init", "head", "norm",
                 "use_bias", "seed", "residual", "projection_scale")
 
 
+def _field(default, help_text):
+  """A `Config` field with its help text: //bin:train's flag of that name
+  says this (`cli.define_config_flags`)."""
+  return dataclasses.field(default=default, metadata={"help": help_text})
+
+
+def _names(values):
+  return ", ".join(values)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Everything a training run needs except where its files go.
 
   Attributes are grouped: the network (`identity_tf.build_model` options), the
-  data, the optimiser, bookkeeping, and how the run is distributed. Derived
-  values (the classes and preprocessing of the dataset) are not stored here;
-  `run_dir.describe_run` adds them to config.json.
+  data, the optimiser, bookkeeping, and how the run is distributed; each
+  field's help text is its flag's. Derived values (the classes and
+  preprocessing of the dataset) are not stored here: `training.run.resolve`
+  derives them, and config.json records both.
   """
   preset: str = "custom"
-  # The network. None: the model's own default (`model.MODELS`): the paper's
-  # for cifar10/cifar100/imagenet, batch norm, a trained head and the
-  # standard initialisation for resnet_bn.
-  model: str = "cifar10"
-  width: float = 1.0
-  units: tuple = None          # None: the architecture's depth (9 per stage).
-  init: str = None             # "paper" (std 1/(k^2 c)) or "standard".
-  head: str = None             # "frozen" random projection or "trainable".
-  norm: bool = None            # Batch-norm pre-activation units.
-  use_bias: bool = False
-  seed: int = 0                # Initial weights, projection, data order.
-  residual: str = None         # "plain", "skipinit" or "fixup".
-  projection_scale: str = None  # "classes" (1/classes) or "features" (1/d).
+  # The network. None: the model's own default (`architectures.MODELS`): the
+  # paper's for cifar10/cifar100/imagenet, batch norm, a trained head and
+  # the standard initialisation for resnet_bn.
+  model: str = _field("cifar10", f"Network: {_names(MODELS)}.")
+  width: float = _field(1.0, "Multiplier of every layer width (1.0 = the "
+                        "paper's).")
+  units: tuple = _field(None, "Residual units per stage: one integer, or one "
+                        "per stage (default: the architecture's, 9 per stage "
+                        "in Table 1).")
+  init: str = _field(None, f"Initialisation: "
+                     f"{_names(architectures.INIT_SCHEMES)} (paper: std "
+                     "1/(k^2 c); default: the model's).")
+  head: str = _field(None, f"Final projection: "
+                     f"{_names(architectures.HEADS)} (default: the model's).")
+  norm: bool = _field(None, "Batch-norm pre-activation units (default: the "
+                      "model's).")
+  use_bias: bool = _field(False, "Biases in the convolutions.")
+  seed: int = _field(0, "Seeds the initial weights, the projection and the "
+                     "data order.")
+  residual: str = _field(None, f"Residual branch: "
+                         f"{_names(architectures.RESIDUALS)} (SkipInit's zero "
+                         "gain, Fixup; default plain).")
+  projection_scale: str = _field(
+      None, "Variance of the random projection's entries: classes "
+      "(1/classes, the default) or features (1/d).")
   # The data: any TFDS image-classification dataset, or "synthetic".
-  dataset: str = "cifar10"
-  num_train_examples: int = None   # None: the whole training split.
-  num_eval_examples: int = None    # None: the whole evaluation split.
-  flip: bool = None            # Random flips; None: on but for digits.
+  dataset: str = _field("cifar10", "Dataset: synthetic (built in) or any TFDS "
+                        "image-classification dataset, e.g. cifar10, "
+                        "fashion_mnist.")
+  num_train_examples: int = _field(None, "Train on the first N examples of "
+                                   "the split only (default: all).")
+  num_eval_examples: int = _field(None, "Evaluate on the first N examples "
+                                  "only (default: all).")
+  flip: bool = _field(None, "Random horizontal flips (default: on, except "
+                      "for digit and character datasets).")
   # The optimiser: SGD with momentum; global (all-replica) batch.
-  batch_size: int = 128
-  train_steps: int = 70000
-  learning_rate: float = 0.05
-  lr_schedule: str = "piecewise"
-  lr_boundaries: tuple = (30000, 50000)   # Steps (piecewise).
-  lr_decay_factor: float = 0.1            # Per boundary / per period.
-  lr_decay_epochs: float = 2.0            # Period of "exponential", epochs.
-  momentum: float = 0.9
-  weight_decay: float = 1e-4              # L2 on convolution kernels only.
+  batch_size: int = _field(128, "Global batch size (all replicas together).")
+  train_steps: int = _field(70000, "Total SGD steps (the run stops at this "
+                            "global step).")
+  learning_rate: float = _field(0.05, "Initial learning rate.")
+  lr_schedule: str = _field("piecewise", f"Learning-rate schedule: "
+                            f"{_names(SCHEDULES)}.")
+  lr_boundaries: tuple = _field((30000, 50000), "piecewise: steps at which "
+                                "the rate is multiplied by --lr_decay_factor, "
+                                "comma-separated.")
+  lr_decay_factor: float = _field(0.1, "Factor per boundary (piecewise) or "
+                                  "per period (exponential).")
+  lr_decay_epochs: float = _field(2.0, "exponential: decay period in epochs.")
+  momentum: float = _field(0.9, "SGD momentum.")
+  weight_decay: float = _field(1e-4, "L2 weight decay of the convolution "
+                               "kernels.")
   # Stabilisers, all off (0) in the paper's text: linear warm-up of the
   # learning rate over the first steps, clipping of the global gradient norm
   # (Pascanu et al., 2013), adaptive gradient clipping (Brock et al., 2021).
-  warmup_steps: int = 0
-  grad_clip_norm: float = 0.0
-  agc_clip: float = 0.0
+  warmup_steps: int = _field(0, "Linear learning-rate warm-up over the first "
+                             "N steps (0: off).")
+  grad_clip_norm: float = _field(0.0, "Clip the global gradient norm to this "
+                                 "(0: off).")
+  agc_clip: float = _field(0.0, "Adaptive gradient clipping threshold lambda "
+                           "(NFNets; 0: off).")
   # Bookkeeping.
-  checkpoint_steps: int = 1000
-  keep_checkpoints: int = 5
-  log_steps: int = 100
-  steps_per_loop: int = 100   # Steps per tf.function call (TPUs want many).
-  eval_steps: int = 0         # Evaluate every N steps (0: only at the end).
-  eval_at_end: bool = True
-  eval_batch_size: int = 500
+  checkpoint_steps: int = _field(1000, "Write a checkpoint every N steps.")
+  keep_checkpoints: int = _field(5, "Keep the last N checkpoints.")
+  log_steps: int = _field(100, "Progress line and TensorBoard scalars every "
+                          "N steps.")
+  steps_per_loop: int = _field(100, "Steps per tf.function call (TPUs want "
+                               "many).")
+  eval_steps: int = _field(0, "Evaluate on the evaluation split every N "
+                           "steps (0: only at the end).")
+  eval_at_end: bool = _field(True, "Evaluate on the evaluation split when "
+                             "training ends.")
+  eval_batch_size: int = _field(500, "Batch size of the evaluation.")
   # Distribution and reproducibility.
-  strategy: str = "default"
-  deterministic: bool = False
+  strategy: str = _field("default", f"tf.distribute strategy: "
+                         f"{_names(STRATEGIES)}.")
+  deterministic: bool = _field(False, "Deterministic ops and input: "
+                               "bit-identical reruns and resumes on CPU.")
 
 
 # Section 4.1, the same for CIFAR-10 and CIFAR-100, as the text states it.
@@ -346,7 +387,3 @@ def from_dict(values):
            for name, value in values.items() if name in _FIELDS}
   return Config(**known)
 
-
-def default_model_dir(preset):
-  """runs/<preset> under the directory the user ran the command from."""
-  return paths.resolve_path(os.path.join("runs", preset))

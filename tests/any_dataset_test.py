@@ -13,8 +13,9 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from identity_tf import run_dir
-from identity_tf import tfds_data
+from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import config_file
 import testing
 
 COUNTS = {"train": 24, "test": 12}
@@ -52,7 +53,7 @@ class FashionMnistTest(testing.SharedRootTestCase):
         check=True)
 
   def test_training_records_what_the_dataset_is(self):
-    with open(os.path.join(self.model_dir, run_dir.CONFIG_FILE)) as f:
+    with open(os.path.join(self.model_dir, config_file.CONFIG_FILE)) as f:
       run = json.load(f)
     dataset = run["dataset"]
     self.assertEqual((dataset["name"], dataset["image_shape"],
@@ -93,7 +94,7 @@ class FashionMnistTest(testing.SharedRootTestCase):
                   info["input"]["accepts"])
     self.assertEqual(info["classes"]["names"][0], "T-shirt/top")
     images = self.raw["test"][0][:3]
-    model, _, _ = run_dir.restore_model(self.model_dir)
+    model, _, _ = checkpoints.restore_model(self.model_dir)
     expected = tf.nn.softmax(model(_numpy_eval_preprocessing(images))).numpy()
     loaded = tf.saved_model.load(path)
     served = loaded.signatures["serving_default"](

@@ -19,7 +19,7 @@ from absl.testing import absltest
 import numpy as np
 
 import identity_tf
-from identity_tf import benchmarks
+from identity_tf.bench import tools
 import testing
 
 # Found, not imported: importing torch takes seconds and the tests that do
@@ -28,7 +28,7 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = absltest.skipIf(not HAVE_TORCH, "PyTorch is not installed "
                               "(optional: requirements-benchmark.txt)")
 
-# Table 1, written out here independently of model.py and benchmarks.py:
+# Table 1, written out here independently of model.py and tools.py:
 # per stage (input channels, width, output size, units).
 TABLE_1 = [(16, 64, 32, 9), (64, 128, 16, 9), (128, 256, 8, 9)]
 TINY = ("--width=0.125", "--units=1", "--batch_size=8", "--repeats=1",
@@ -59,7 +59,7 @@ class FlopCountTest(absltest.TestCase):
 
   def test_table_1_forward_macs_and_train_flops(self):
     stem, forward = table_1_forward_macs()
-    flops = benchmarks.train_flops_per_image(benchmarks.conv_shapes("cifar10"))
+    flops = tools.train_flops_per_image(tools.conv_shapes("cifar10"))
     self.assertEqual(flops["convolutions"], 55)
     self.assertEqual(flops["forward_macs"], forward)
     self.assertEqual(flops["first_conv_macs"], stem)
@@ -78,14 +78,14 @@ class FlopCountTest(absltest.TestCase):
     for options in ({}, {"width": 0.25, "units": 2}, {"units": (1, 2, 1)}):
       model = identity_tf.build_model("cifar10", **options)
       kernels = [tuple(w.shape) for w in model.trainable_weights]
-      shapes = benchmarks.conv_shapes("cifar10", **options)
+      shapes = tools.conv_shapes("cifar10", **options)
       self.assertEqual(
           kernels, [(s["k"], s["k"], s["c_in"], s["c_out"]) for s in shapes],
           options)
       self.assertEqual([s["out_size"] for s in shapes][-1], 8)
 
   def test_summarize(self):
-    summary = benchmarks.summarize([3.0, 1.0, 2.0, 10.0])
+    summary = tools.summarize([3.0, 1.0, 2.0, 10.0])
     self.assertEqual((summary["median"], summary["min"], summary["max"],
                       summary["n"]), (2.5, 1.0, 10.0, 4))
 
@@ -96,7 +96,7 @@ class TorchMissingTest(absltest.TestCase):
     saved = sys.modules.get("torch")
     sys.modules["torch"] = None  # `import torch` now raises ImportError.
     try:
-      module, why = benchmarks.import_torch()
+      module, why = tools.import_torch()
     finally:
       if saved is None:
         del sys.modules["torch"]
@@ -153,8 +153,8 @@ class TrainStepSuiteTest(absltest.TestCase):
     self.assertLen(ours["load_average"], 1)
     flops = results["flops_per_image"]
     self.assertEqual(flops["convolutions"], 7)
-    self.assertEqual(flops["train_flops"], benchmarks.train_flops_per_image(
-        benchmarks.conv_shapes("cifar10", width=0.125, units=1))[
+    self.assertEqual(flops["train_flops"], tools.train_flops_per_image(
+        tools.conv_shapes("cifar10", width=0.125, units=1))[
             "train_flops"])
     sgemm = results["sgemm"]
     self.assertLen(sgemm["measurements"], 2)
@@ -201,7 +201,7 @@ class TorchReferenceTest(absltest.TestCase):
   @needs_torch
   def test_same_parameters_as_ours(self):
     model = identity_tf.build_model("cifar10")
-    network, _, _ = benchmarks.torch_reference(model)
+    network, _, _ = tools.torch_reference(model)
     ours = [tuple(w.shape) for w in model.trainable_weights]
     theirs = [(name, tuple(p.shape)) for name, p in network.named_parameters()
               if p.requires_grad]
@@ -221,17 +221,17 @@ class TorchReferenceTest(absltest.TestCase):
     config = configs.resolve("cifar10_paper_literal", width=0.125, units=(1,),
                              batch_size=8, dataset="synthetic",
                              weight_decay=0.01, learning_rate=0.5)
-    images, labels = benchmarks.fixed_batch(8)
-    run, model = benchmarks.make_train_step(config, images, labels)
-    network, step, _ = benchmarks.torch_reference(
+    images, labels = tools.fixed_batch(8)
+    run, model = tools.make_train_step(config, images, labels)
+    network, step, _ = tools.torch_reference(
         model, learning_rate=0.5, momentum=0.9, weight_decay=0.01)
     for channels_last in (False, True):
-      x, _ = benchmarks.torch_batch(images, labels, channels_last)
+      x, _ = tools.torch_batch(images, labels, channels_last)
       with torch.no_grad():
         theirs = network(x).numpy()
       np.testing.assert_allclose(theirs, model(images).numpy(), rtol=1e-4,
                                  atol=1e-7)
-    x, y = benchmarks.torch_batch(images, labels)
+    x, y = tools.torch_batch(images, labels)
     for _ in range(2):  # The second step uses the momentum.
       sums = run(1)
       loss, correct = step(x, y)

@@ -9,19 +9,20 @@ from absl.testing import absltest
 import keras
 import numpy as np
 
-from identity_tf import construction
-from identity_tf import construction_model
-from identity_tf import construction_run
-from identity_tf import construction_sgd
+from identity_tf.theory import construction
+from identity_tf.theory import construction_model
+from identity_tf.theory import construction_run
+from identity_tf.theory import construction_sgd
+from identity_tf.theory import parallel
 from identity_tf import layers
-from identity_tf import synthetic
+from identity_tf.data import synthetic
 import testing
 
 
 def dense_forward(weights, x):
   """The function weights.npz encodes, written out from its spec in plain numpy.
 
-  Deliberately independent of identity_tf.construction: no chunks, no
+  Deliberately independent of identity_tf.theory.construction: no chunks, no
   float32 screening, every unit applied densely to every point.
   """
   z = np.concatenate([(x - weights["mu"]) / weights["s"],
@@ -247,6 +248,75 @@ class ConstructionTest(absltest.TestCase):
     self.assertEqual(history[-1][0], 4)
     for _, fit in history:
       self.assertBetween(fit, 0.0, 1.0)
+
+
+class ParallelTest(absltest.TestCase):
+
+  def test_uses_the_cores_of_the_process(self):
+    try:
+      expected = len(os.sched_getaffinity(0))
+    except AttributeError:
+      expected = os.cpu_count()
+    self.assertEqual(parallel.available_cores(), expected)
+
+  def test_results_in_order_and_progress_counted_by_size(self):
+    lines = []
+    old = parallel.PROGRESS_SECONDS
+    try:
+      parallel.PROGRESS_SECONDS = -1.0  # A line after every item.
+      results = parallel.map_with_progress(
+          lambda item: item * item, [3, 1, 4, 1, 5], lines.append,
+          lambda done, total: f"{done}/{total}", size=lambda item: item)
+    finally:
+      parallel.PROGRESS_SECONDS = old
+    self.assertEqual(results, [9, 1, 16, 1, 25])
+    self.assertLen(lines, 5)
+    self.assertEqual(lines[-1], "14/14")
+
+  def test_results_do_not_depend_on_the_number_of_cores(self):
+    # Many blocks and chunks, one core or more than there are: the same bits.
+    rng = np.random.default_rng(16)
+    x, y = random_data(rng, 400, 5, 3)
+    points = construction.to_sphere(x, *construction.normalization(x))
+    runs = []
+    old = (construction.BLOCK, construction.CHUNK, parallel.available_cores)
+    try:
+      construction.BLOCK, construction.CHUNK = 40, 23
+      for cores in (1, 3, 64):
+        parallel.available_cores = lambda cores=cores: cores
+        result = construction.construct(x, y)
+        runs.append((construction.max_inner_product(points), result.weights,
+                     construction.evaluate(result.weights, x)))
+    finally:
+      construction.BLOCK, construction.CHUNK, parallel.available_cores = old
+    for maximum, weights, logits in runs[1:]:
+      self.assertEqual(maximum, runs[0][0])
+      for key in weights:
+        np.testing.assert_array_equal(weights[key], runs[0][1][key])
+      np.testing.assert_array_equal(logits, runs[0][2])
+    np.testing.assert_allclose(runs[0][2], dense_forward(runs[0][1], x),
+                               atol=1e-9)
+
+
+class SavedModelTest(absltest.TestCase):
+
+  def test_a_model_keras_written_before_the_move_loads(self):
+    # Written by identity_tf/construction_model.py at commit 5d502b4, before
+    # the module moved to identity_tf/theory/: the layers are registered
+    # under the package name "identity_tf", not the module path, so the file
+    # loads once the construction's layers are registered (the import at
+    # the top of this file), and computes the logits it computed then.
+    testdata = os.path.join(testing.source_root(), "tests", "testdata")
+    model = keras.models.load_model(
+        os.path.join(testdata, "construction_5d502b4.keras"))
+    with np.load(os.path.join(testdata,
+                              "construction_5d502b4_io.npz")) as data:
+      x, y, logits = data["x"], data["y"], data["logits"]
+    self.assertIsInstance(model, construction_model.ResidualConstruction)
+    self.assertEqual(x.shape, (40, 5))
+    np.testing.assert_allclose(construction_model.keras_logits(model, x),
+                               logits, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(np.argmax(logits, axis=1), y)
 
 
 class RunTest(absltest.TestCase):

@@ -19,8 +19,9 @@ from absl.testing import absltest
 import tensorflow as tf
 
 from identity_tf import configs
-from identity_tf import run_dir
-from identity_tf import train
+from identity_tf.training import checkpoints
+from identity_tf.training import config_file
+from identity_tf.training import trainer
 import testing
 
 CONFIG = configs.resolve(
@@ -70,7 +71,7 @@ class DamageTest(testing.SharedRootTestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.pristine = os.path.join(cls.root, "pristine")
-    train.train(CONFIG, cls.pristine, echo=lambda line: None)
+    trainer.train(CONFIG, cls.pristine, echo=lambda line: None)
 
   def _copy(self):
     model_dir = os.path.join(self.create_tempdir().full_path, "run")
@@ -80,13 +81,13 @@ class DamageTest(testing.SharedRootTestCase):
   def _resume(self, model_dir, **overrides):
     """Trains on to step 160; returns (lines, the step it resumed from)."""
     lines = []
-    train.train(configs.override(CONFIG, train_steps=160, **overrides),
+    trainer.train(configs.override(CONFIG, train_steps=160, **overrides),
                 model_dir, echo=lines.append)
     resumed = [re.search(r"resumed from .*ckpt-(\d+) at step (\d+)", line)
                for line in lines]
     (match,) = [m for m in resumed if m]
     self.assertEqual(match.group(1), match.group(2))
-    self.assertEqual(run_dir.checkpoint_step(
+    self.assertEqual(checkpoints.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), 160)
     return lines, int(match.group(1))
 
@@ -103,8 +104,8 @@ class DamageTest(testing.SharedRootTestCase):
       self.assertEqual(step, 120, damage)
       # The intact ones survive: rotation (5 kept) lists them all.
       self.assertEqual(
-          [run_dir.checkpoint_step(p)
-           for p in run_dir.checkpoint_prefixes(model_dir)],
+          [checkpoints.checkpoint_step(p)
+           for p in checkpoints.checkpoint_prefixes(model_dir)],
           [160, 120, 80, 40])
 
   def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(self):
@@ -130,19 +131,19 @@ class DamageTest(testing.SharedRootTestCase):
         self.assertTrue(any("resuming from ckpt-80, the newest intact" in line
                             for line in lines), lines)
         # Kept aside, not deleted.
-        (moved,) = os.listdir(os.path.join(model_dir, run_dir.DAMAGED_DIR))
+        (moved,) = os.listdir(os.path.join(model_dir, checkpoints.DAMAGED_DIR))
         self.assertTrue(any(f.startswith(newest + ".") for f in os.listdir(
-            os.path.join(model_dir, run_dir.DAMAGED_DIR, moved))))
+            os.path.join(model_dir, checkpoints.DAMAGED_DIR, moved))))
 
   def test_evaluate_and_export_take_the_newest_intact_checkpoint(self):
     model_dir = self._copy()
     _flip(os.path.join(model_dir, "ckpt-120.data-00000-of-00001"), 100)
     notes = []
-    _, _, step = run_dir.restore_model(model_dir, echo=notes.append)
+    _, _, step = checkpoints.restore_model(model_dir, echo=notes.append)
     self.assertEqual(step, 80)
     self.assertRegex(notes[0], r"^ckpt-120 is damaged: .*SHA-256")
     with self.assertRaisesRegex(ValueError, "checkpoint .*ckpt-120 is damaged"):
-      run_dir.find_checkpoint(model_dir, 120)
+      checkpoints.find_checkpoint(model_dir, 120)
     result = testing.run_binary("export", f"--model_dir={model_dir}",
                                 f"--export_dir={model_dir}/serving",
                                 check=True)
@@ -157,7 +158,7 @@ class DamageTest(testing.SharedRootTestCase):
     with self.assertRaisesRegex(
         ValueError, r"holds checkpoints but none is intact \(ckpt-120: .*; "
         r"ckpt-80: .*; ckpt-40: .*\); nothing was changed"):
-      train.train(CONFIG, model_dir, echo=lambda line: None)
+      trainer.train(CONFIG, model_dir, echo=lambda line: None)
     self.assertEqual(_snapshot(model_dir), before)
 
   def test_half_written_saves_are_cleaned_up(self):
@@ -174,7 +175,7 @@ class DamageTest(testing.SharedRootTestCase):
     self.assertEqual(rates, [0.003])
     # A lower --train_steps than the step reached says so.
     lines = []
-    train.train(configs.override(CONFIG, train_steps=100), model_dir,
+    trainer.train(configs.override(CONFIG, train_steps=100), model_dir,
                 echo=lines.append)
     self.assertTrue(any("the run is at step 160, at or past --train_steps=100"
                         in line for line in lines), lines)
@@ -183,16 +184,16 @@ class DamageTest(testing.SharedRootTestCase):
     model_dir = self._copy()
     before = _snapshot(model_dir)
     with self.assertRaisesRegex(ValueError, r"batch_size \(16 -> 32\)"):
-      train.train(configs.override(CONFIG, batch_size=32), model_dir,
+      trainer.train(configs.override(CONFIG, batch_size=32), model_dir,
                   echo=lambda line: None)
     self.assertEqual(_snapshot(model_dir), before)
 
   def test_one_training_per_directory(self):
     model_dir = self._copy()
-    with run_dir.lock(model_dir):
+    with checkpoints.lock(model_dir):
       with self.assertRaisesRegex(ValueError, r"is in use by another training "
                                   rf"\(pid {os.getpid()} on "):
-        train.train(CONFIG, model_dir, echo=lambda line: None)
+        trainer.train(CONFIG, model_dir, echo=lambda line: None)
     self._resume(model_dir)  # Released: the next one runs.
 
   def test_a_full_disk_stops_with_one_line_and_no_half_checkpoint(self):
@@ -203,9 +204,9 @@ class DamageTest(testing.SharedRootTestCase):
       with self.assertRaisesRegex(
           ValueError, r"could not write the checkpoint of step 160 in .*"
           r"\(No space left on device\); .*run the same command to resume"):
-        train.train(configs.override(CONFIG, train_steps=160), model_dir,
+        trainer.train(configs.override(CONFIG, train_steps=160), model_dir,
                     echo=lambda line: None)
-    self.assertEqual(run_dir.checkpoint_prefixes(model_dir)[0],
+    self.assertEqual(checkpoints.checkpoint_prefixes(model_dir)[0],
                      os.path.join(model_dir, "ckpt-120"))
 
   def test_plain_mistakes_are_one_line(self):
@@ -214,25 +215,25 @@ class DamageTest(testing.SharedRootTestCase):
     with open(a_file, "w") as f:
       f.write("x")
     with self.assertRaisesRegex(ValueError, "is a file, not a directory"):
-      train.train(CONFIG, a_file, echo=lambda line: None)
+      trainer.train(CONFIG, a_file, echo=lambda line: None)
     with self.assertRaisesRegex(ValueError, "is not writable"):
-      train.train(CONFIG, os.path.join(a_file, "run"), echo=lambda line: None)
+      trainer.train(CONFIG, os.path.join(a_file, "run"), echo=lambda line: None)
     model_dir = self._copy()
-    with open(os.path.join(model_dir, run_dir.CONFIG_FILE), "w") as f:
+    with open(os.path.join(model_dir, config_file.CONFIG_FILE), "w") as f:
       f.write("{}")
     with self.assertRaisesRegex(ValueError, r"config.json is not the "
                                 "description of a training run"):
-      run_dir.read_run(model_dir)
-    with open(os.path.join(model_dir, run_dir.CONFIG_FILE), "w") as f:
+      config_file.read(model_dir)
+    with open(os.path.join(model_dir, config_file.CONFIG_FILE), "w") as f:
       f.write("{not json")
     with self.assertRaisesRegex(ValueError, r"config.json is not valid JSON"):
-      train.train(CONFIG, model_dir, echo=lambda line: None)
+      trainer.train(CONFIG, model_dir, echo=lambda line: None)
     # A dataset that is not there stops the run before config.json exists.
     empty = os.path.join(directory, "fresh")
     with self.assertRaisesRegex(ValueError, "is not prepared"):
-      train.train(configs.override(CONFIG, dataset="cifar10"), empty,
+      trainer.train(configs.override(CONFIG, dataset="cifar10"), empty,
                   data_dir=directory, echo=lambda line: None)
-    self.assertFalse(os.path.exists(os.path.join(empty, run_dir.CONFIG_FILE)))
+    self.assertFalse(os.path.exists(os.path.join(empty, config_file.CONFIG_FILE)))
 
 
 if __name__ == "__main__":

@@ -19,10 +19,12 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
-from identity_tf import distribute
-from identity_tf import run_dir
-from identity_tf import tfds_data
-from identity_tf import train
+from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import distribute
+from identity_tf.training import preemption
+from identity_tf.training import run as run_lib
+from identity_tf.training import trainer
 import testing
 
 # Two logical CPUs in this process, for the in-process mirrored test; must
@@ -124,7 +126,7 @@ class DistributedTest(testing.ProcessTestCase):
                       "ckpt-10.data-00000-of-00001", "ckpt-10.index",
                       "ckpt-10.sha256", "ckpt-20.data-00000-of-00001",
                       "ckpt-20.index", "ckpt-20.sha256", "config.json",
-                      "train"])
+                      "metrics.jsonl", "train"])
 
   def test_sigterm_to_one_worker_stops_both_at_one_checkpoint(self):
     # Preemption reaches one machine; TensorFlow's PreemptionCheckpointHandler
@@ -148,7 +150,7 @@ class DistributedTest(testing.ProcessTestCase):
     self.assertIn('{"step": 10,', _read(workers[0]))
     workers[1].send_signal(signal.SIGTERM)
     codes = [worker.wait(timeout=TIMEOUT) for worker in workers]
-    self.assertEqual(codes, [train.PREEMPTED_EXIT_CODE] * 2,
+    self.assertEqual(codes, [preemption.PREEMPTED_EXIT_CODE] * 2,
                      _read(workers[0])[-2000:] + _read(workers[1])[-2000:])
     stopped = [re.search(r"stopped by SIGTERM at step (\d+)", _read(w))
                for w in workers]
@@ -157,12 +159,12 @@ class DistributedTest(testing.ProcessTestCase):
     self.assertLen(steps, 1)  # Both at one step.
     (step,) = steps
     self.assertEqual(
-        run_dir.checkpoint_step(tf.train.latest_checkpoint(model_dir)), step)
+        checkpoints.checkpoint_step(tf.train.latest_checkpoint(model_dir)), step)
     # Resumed by running the same command.
     args[args.index("--train_steps=2000")] = f"--train_steps={step + 5}"
     for worker in start_workers():
       self._wait(worker)
-    self.assertEqual(run_dir.checkpoint_step(
+    self.assertEqual(checkpoints.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), step + 5)
 
   def test_a_cluster_that_never_forms_stops_with_one_line(self):
@@ -232,12 +234,12 @@ class DistributedTest(testing.ProcessTestCase):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     lines = []
     whole = self.create_tempdir().full_path
-    train.train(config, whole, strategy=strategy, echo=lines.append)
+    trainer.train(config, whole, strategy=strategy, echo=lines.append)
     self.assertIn("2 replica(s) (mirrored)", lines[0])
     halves = self.create_tempdir().full_path
-    train.train(configs.override(config, train_steps=10), halves,
+    trainer.train(configs.override(config, train_steps=10), halves,
                 strategy=strategy, echo=lines.append)
-    train.train(config, halves, strategy=strategy, echo=lines.append)
+    trainer.train(config, halves, strategy=strategy, echo=lines.append)
     self.assertIn("resumed from", " ".join(lines))
     self.assertFalse(any(name.startswith("iterator") for name, _ in
                          tf.train.list_variables(tf.train.latest_checkpoint(
@@ -263,9 +265,9 @@ class DistributedTest(testing.ProcessTestCase):
     for server in servers:  # Servers serve until killed.
       self.assertIsNone(server.poll())
     self.assertIn('{"step": 20, "train_steps": 20,', output)
-    self.assertEqual(run_dir.checkpoint_step(
+    self.assertEqual(checkpoints.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), 20)
-    model, _, step = run_dir.restore_model(model_dir)
+    model, _, step = checkpoints.restore_model(model_dir)
     self.assertEqual(step, 20)
     self.assertTrue(all(np.all(np.isfinite(w)) for w in model.get_weights()))
 
@@ -274,8 +276,8 @@ def _weights_at_init():
   """The tiny network's initial weights, named as in the checkpoints."""
   config = configs.resolve("smoke", width=0.0625, units="1")
   info = tfds_data.dataset_info("synthetic")
-  model = train.build_model(config, info)
-  optimizer = train.build_optimizer(config, info)
+  model = trainer.build_model(run_lib.resolve(config, info, None))
+  optimizer = trainer.build_optimizer(run_lib.resolve(config, info, None))
   optimizer.build(model.trainable_variables)
   root = os.path.join(absltest.get_default_test_tmpdir(), "init")
   path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(root)

@@ -28,15 +28,16 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from identity_tf import configs
-from identity_tf import export
 from identity_tf import model as model_lib
-from identity_tf import preprocessing
-from identity_tf import run_dir
-from identity_tf import serving_client
-from identity_tf import serving_contract
-from identity_tf import synthetic
-from identity_tf import tfds_data
-from identity_tf import train
+from identity_tf.data import preprocessing
+from identity_tf.data import synthetic
+from identity_tf.data import tfds_data
+from identity_tf.serving import client
+from identity_tf.serving import contract
+from identity_tf.serving import export
+from identity_tf.training import checkpoints
+from identity_tf.training import run as run_lib
+from identity_tf.training import trainer
 
 import testing
 import tf_serving_double
@@ -45,6 +46,11 @@ MODEL_NAME = "smoke"
 # Exported vs Keras outputs: the same float32 ops in a different graph; only
 # the order of floating-point reductions may differ.
 PROBABILITY_TOLERANCE = 1e-5
+
+def _describe(config, info):
+  """config.json's content for CONFIG on dataset INFO."""
+  return run_lib.resolve(config, info, None).description()
+
 
 
 def _free_port():
@@ -83,10 +89,11 @@ class ExportTest(absltest.TestCase):
         "smoke", train_steps=40, batch_size=32, num_train_examples=1024,
         num_eval_examples=64, eval_at_end=False, checkpoint_steps=40,
         log_steps=20, steps_per_loop=20)
-    train.train(config, cls.model_dir, echo=lambda line: None)
+    trainer.train(config, cls.model_dir, echo=lambda line: None)
     cls.export_result = testing.run_binary(
         "export", f"--model_dir={cls.model_dir}", f"--export_dir={cls.base}")
-    cls.model, cls.description, cls.step = run_dir.restore_model(cls.model_dir)
+    cls.model, run, cls.step = checkpoints.restore_model(cls.model_dir)
+    cls.description = run.description()
     # Held-out images of the dataset the model was trained on.
     images, _ = synthetic.arrays("test")
     cls.pixels = images[:6].astype(np.float32)
@@ -160,7 +167,7 @@ class ExportTest(absltest.TestCase):
     self.assertEqual(info["preprocessing"],
                      self.description["preprocessing"])
     self.assertEqual(info["checkpoint"],
-                     run_dir.find_checkpoint(self.model_dir))
+                     checkpoints.find_checkpoint(self.model_dir))
 
   def test_saved_model_cli_shows_and_runs_both_signatures(self):
     directory = self.create_tempdir().full_path
@@ -185,12 +192,12 @@ class ExportTest(absltest.TestCase):
           r"(inputs|outputs)\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+"
           r"shape: (\([^)]*\))", block)
     self.assertEqual(sorted(
-        signatures[serving_contract.DEFAULT_SIGNATURE]), [
+        signatures[contract.DEFAULT_SIGNATURE]), [
             ("inputs", "images", "DT_FLOAT", "(-1, 32, 32, 3)"),
             ("outputs", "classes", "DT_INT64", "(-1)"),
             ("outputs", "probabilities", "DT_FLOAT", "(-1, 10)")])
     self.assertEqual(sorted(
-        signatures[serving_contract.IMAGES_SIGNATURE]), [
+        signatures[contract.IMAGES_SIGNATURE]), [
             ("inputs", "images", "DT_STRING", "(-1)"),
             ("outputs", "classes", "DT_INT64", "(-1)"),
             ("outputs", "probabilities", "DT_FLOAT", "(-1, 10)")])
@@ -230,7 +237,7 @@ class ExportTest(absltest.TestCase):
                                        ("cifar100", "cifar100", 100),
                                        ("synthetic", "cifar10", 10)):
       dataset_info = tfds_data.dataset_info(dataset)
-      description = run_dir.describe_run(configs.resolve(
+      description = _describe(configs.resolve(
           "smoke", model=model_name, dataset=dataset), dataset_info)
       info = export.model_info(description, 7, version=3)
       self.assertEqual(info["classes"]["count"], count)
@@ -239,13 +246,13 @@ class ExportTest(absltest.TestCase):
       self.assertLen(set(info["classes"]["names"]), count)
       self.assertEqual(info["preset"], "smoke")
       self.assertEqual(info["step"], 7)
-    imagenet = run_dir.describe_run(
+    imagenet = _describe(
         configs.resolve("smoke", model="imagenet", dataset="imagenet2012"),
         tfds_data.dataset_info("imagenet2012"))["dataset"]["class_names"]
     self.assertLen(set(imagenet), 1000)
     self.assertTrue(all(re.fullmatch(r"n\d{8}", n) for n in imagenet))
     # A description whose dataset does not match the model is refused.
-    description = run_dir.describe_run(configs.resolve(
+    description = _describe(configs.resolve(
         "smoke", model="cifar100", dataset="cifar100"),
                                      tfds_data.dataset_info("cifar100"))
     with self.assertRaisesRegex(ValueError, "10 classes but cifar100 has 100"):
@@ -254,7 +261,7 @@ class ExportTest(absltest.TestCase):
 
   def test_imagenet_export_resizes_any_size_inside_the_graph(self):
     model = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
-    description = run_dir.describe_run(configs.resolve(
+    description = _describe(configs.resolve(
         "smoke", model="imagenet", dataset="imagenet2012", width=1 / 16,
         units=(1, 1, 1, 1), seed=3), tfds_data.dataset_info(
             "imagenet2012"))
@@ -376,11 +383,11 @@ class ExportTest(absltest.TestCase):
   def test_client_rest_and_grpc_requests(self):
     files = self._files([(f"img{i}.png", _png(x))
                          for i, x in enumerate(self.pixels[:3])])
-    inputs = [serving_client.read_input(path) for path in files]
+    inputs = [client.read_input(path) for path in files]
     self._assert_clear_top_classes()
     for protocol, address in (("rest", self.double.rest_address),
                               ("grpc", self.double.grpc_address)):
-      results = serving_client.predict(
+      results = client.predict(
           address, MODEL_NAME, inputs, protocol=protocol, version=1)
       self.assertEqual([name for name, _ in results], files)
       probabilities = np.stack([p for _, p in results])
@@ -400,11 +407,11 @@ class ExportTest(absltest.TestCase):
     self.assertEqual(list(request.inputs["images"].string_val),
                      [_read(p) for p in files])
     # Arrays go to serving_default, without a version: the latest.
-    array = serving_client.Input("a.npy", "array", self.pixels[:2],
+    array = client.Input("a.npy", "array", self.pixels[:2],
                                  ["a.npy[0]", "a.npy[1]"])
     for protocol, address in (("rest", self.double.rest_address),
                               ("grpc", self.double.grpc_address)):
-      results = serving_client.predict(address, MODEL_NAME, [array],
+      results = client.predict(address, MODEL_NAME, [array],
                                        protocol=protocol)
       np.testing.assert_allclose(np.stack([p for _, p in results]),
                                  self.keras_probabilities[:2],
@@ -467,45 +474,45 @@ class ExportTest(absltest.TestCase):
     text = self._files([("notes.txt", b"hello")])[0]
     png = self._files([("one.png", _png(self.pixels[0]))])[0]
     with self.assertRaisesWithLiteralMatch(
-        serving_client.ServingError,
+        client.ServingError,
         f"{text} is neither a JPEG/PNG image nor a .npy array; pass image "
         f"files or .npy arrays of raw 0-255 pixels"):
-      serving_client.read_input(text)
-    inputs = [serving_client.read_input(png)]
+      client.read_input(text)
+    inputs = [client.read_input(png)]
     closed = f"127.0.0.1:{_free_port()}"
     with self.assertRaisesRegex(
-        serving_client.ServingError,
+        client.ServingError,
         f"^cannot reach TF Serving's REST API at {closed} \\(.*refused.*\\); "
         f"start tensorflow_model_server with --rest_api_port"):
-      serving_client.predict(closed, MODEL_NAME, inputs, timeout=10)
+      client.predict(closed, MODEL_NAME, inputs, timeout=10)
     with self.assertRaisesRegex(
-        serving_client.ServingError,
+        client.ServingError,
         f"^cannot reach TF Serving's gRPC API at {closed} .*; start "
         f"tensorflow_model_server with --port"):
-      serving_client.predict(closed, MODEL_NAME, inputs, protocol="grpc",
+      client.predict(closed, MODEL_NAME, inputs, protocol="grpc",
                              timeout=10)
-    with self.assertRaisesRegex(serving_client.ServingError,
+    with self.assertRaisesRegex(client.ServingError,
                                 "does not serve model 'smoke' version 9"):
-      serving_client.predict(self.double.grpc_address, MODEL_NAME, inputs,
+      client.predict(self.double.grpc_address, MODEL_NAME, inputs,
                              protocol="grpc", version=9)
-    with self.assertRaisesRegex(serving_client.ServingError,
+    with self.assertRaisesRegex(client.ServingError,
                                 "takes encoded JPEG/PNG files"):
-      serving_client.predict(self.double.rest_address, MODEL_NAME,
-                             [serving_client.Input("a.npy", "array",
+      client.predict(self.double.rest_address, MODEL_NAME,
+                             [client.Input("a.npy", "array",
                                                    self.pixels[:1], ["a"])],
                              signature="predict_images")
     bad_array = os.path.join(self.create_tempdir().full_path, "gray.npy")
     np.save(bad_array, np.zeros([4, 32, 32]))
-    with self.assertRaisesRegex(serving_client.ServingError,
+    with self.assertRaisesRegex(client.ServingError,
                                 r"shape \[4, 32, 32\]; expected raw 0-255"):
-      serving_client.read_input(bad_array)
+      client.read_input(bad_array)
     info = os.path.join(self.create_tempdir().full_path, "info.json")
     with open(info, "w") as f:
       json.dump({"classes": {"count": 3, "names": ["a", "b", "c"]}}, f)
     self.assertEqual(
-        serving_client.format_prediction(
+        client.format_prediction(
             "x.png", np.array([0.1, 0.7, 0.2]), 2,
-            serving_client.read_class_names(info)),
+            client.read_class_names(info)),
         "x.png: 1 (b) 0.7000, 2 (c) 0.2000")
 
   # -------------------------------------------------------------------------
@@ -534,24 +541,24 @@ class ExportTest(absltest.TestCase):
         "empty": ([], "images is empty"),
     }
     for protocol in ("rest", "grpc"):
-      send = (serving_client.rest_predict if protocol == "rest"
-              else serving_client.grpc_predict)
+      send = (client.rest_predict if protocol == "rest"
+              else client.grpc_predict)
       address = (self.double.rest_address if protocol == "rest"
                  else self.double.grpc_address)
       for key, (batch, message) in bad_arrays.items():
         if protocol == "rest" and key == "nan":
           continue  # JSON has no NaN.
         with self.subTest(protocol=protocol, array=key):
-          with self.assertRaisesRegex(serving_client.ServingError,
+          with self.assertRaisesRegex(client.ServingError,
                                       "refused the request.*" + message):
             send(address, MODEL_NAME, "serving_default", batch)
       for key, (batch, message) in bad_files.items():
         with self.subTest(protocol=protocol, files=key):
-          with self.assertRaisesRegex(serving_client.ServingError,
+          with self.assertRaisesRegex(client.ServingError,
                                       "refused the request.*" + message):
             send(address, MODEL_NAME, "predict_images", batch)
     # Wrong dtype: a uint8 tensor for serving_default.
-    request = serving_client.grpc_request(
+    request = client.grpc_request(
         MODEL_NAME, "serving_default", self.pixels[:1])
     request.inputs["images"].CopyFrom(
         tf.make_tensor_proto(self.pixels[:1].astype(np.uint8)))
@@ -563,10 +570,10 @@ class ExportTest(absltest.TestCase):
     self.assertIn("float", caught.exception.details())
     # The client names the file of the bad element.
     files = self._files([("good.png", png), ("bad.png", b"\x89PNG\r\n\x1a\n")])
-    with self.assertRaisesRegex(serving_client.ServingError,
+    with self.assertRaisesRegex(client.ServingError,
                                 r"images\[1\] is .*bad\.png"):
-      serving_client.predict(self.double.rest_address, MODEL_NAME,
-                             [serving_client.read_input(p) for p in files])
+      client.predict(self.double.rest_address, MODEL_NAME,
+                             [client.read_input(p) for p in files])
     # The signatures themselves reject these, and the server goes on serving.
     rejected = (TypeError, ValueError, tf.errors.InvalidArgumentError)
     with self.assertRaises(rejected):
@@ -577,9 +584,9 @@ class ExportTest(absltest.TestCase):
     with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
                                 r"images\[1\] is not a decodable"):
       self._signature("predict_images")(images=tf.constant([png, b"x"]))
-    results = serving_client.predict(
+    results = client.predict(
         self.double.grpc_address, MODEL_NAME,
-        [serving_client.read_input(files[0])], protocol="grpc")
+        [client.read_input(files[0])], protocol="grpc")
     np.testing.assert_allclose(results[0][1], self.keras_probabilities[0],
                                atol=PROBABILITY_TOLERANCE)
 

@@ -1,4 +1,4 @@
-"""Tests of identity_tf.input_pipeline: TFDS paths, augmentation, determinism.
+"""Tests of identity_tf.data.pipeline: TFDS paths, augmentation, determinism.
 
 The TFDS paths run for real: setUpClass writes tiny raw CIFAR-10/100 files and
 fake ImageNet archives and lets TFDS's own cifar10, cifar100 and imagenet2012
@@ -23,11 +23,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from identity_tf import datasets
-from identity_tf import input_pipeline as ip
-from identity_tf import preprocessing
-from identity_tf import synthetic
-from identity_tf import tfds_data
+from identity_tf.data import datasets
+from identity_tf.data import pipeline as ip
+from identity_tf.data import preprocessing
+from identity_tf.data import synthetic
+from identity_tf.data import tfds_data
 import testing
 
 # TFDS 4.9.10's download_and_prepare needs the `importlib_resources` backport,

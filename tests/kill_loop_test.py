@@ -20,7 +20,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from identity_tf import run_dir
+from identity_tf.training import checkpoints
 import testing
 
 ITERATIONS = int(os.environ.get("KILL_LOOP_ITERATIONS", "5"))
@@ -58,7 +58,8 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
 
   def _run_until_killed(self, model_dir, rng):
     """Starts the training, kills it at a random moment; returns (the last
-    step it reported, whether it finished before the kill)."""
+    step it reported, None or, if it ended before the kill, its exit status
+    and last line)."""
     process = self.start_binary("train", f"--model_dir={model_dir}", *FLAGS)
     lines = []
     reader = threading.Thread(
@@ -81,9 +82,12 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
       process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     reader.join(timeout=10)
+    if finished:
+      last = [l.strip() for l in lines if l.strip()][-1:]
+      finished = f"exit status {process.returncode}, last line {last}"
     steps = [int(m.group(1)) for m in
              (re.match(r'\{"step": (\d+),', l) for l in lines) if m]
-    return (max(steps) if steps else 0), finished
+    return (max(steps) if steps else 0), finished or None
 
   def test_never_loses_more_than_one_interval(self):
     rng = random.Random(2017)
@@ -91,11 +95,12 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
     kills = 0
     while kills < ITERATIONS:
       reported, finished = self._run_until_killed(model_dir, rng)
-      self.assertFalse(finished, f"the run finished after {kills} of "
-                       f"{ITERATIONS} kills; raise TRAIN_STEPS")
+      self.assertIsNone(finished, f"the run ended by itself after {kills} of "
+                        f"{ITERATIONS} kills ({finished}); if it finished "
+                        "training, raise TRAIN_STEPS")
       kills += 1
-      intact, damaged = run_dir.intact_checkpoints(model_dir)
-      newest = run_dir.checkpoint_step(intact[0]) if intact else 0
+      intact, damaged = checkpoints.intact_checkpoints(model_dir)
+      newest = checkpoints.checkpoint_step(intact[0]) if intact else 0
       self.assertGreaterEqual(newest, reported - CHECKPOINT_STEPS,
                               f"kill {kills}: reported step {reported}, "
                               f"newest intact checkpoint {newest}, damaged "

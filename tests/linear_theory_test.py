@@ -1,4 +1,4 @@
-"""Tests for identity_tf.linear_theory and bin/linear_theory.py (Section 2)."""
+"""Tests for identity_tf.theory.linear, linear_run and bin/linear_theory.py (Section 2)."""
 
 import concurrent.futures
 import json
@@ -10,7 +10,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from identity_tf import linear_theory as lt
+from identity_tf.theory import linear as lt
 import testing
 
 
@@ -66,7 +66,7 @@ class ProductAndRiskTest(absltest.TestCase):
     mean, stderr = lt.monte_carlo_risk(a, r, sigma, samples=100_000, seed=3)
     self.assertLess(abs(closed - mean), 5 * stderr)
     # At an exact factorisation only the noise is left: f_opt = d.
-    self.assertAlmostEqual(lt.risk(lt.construct(r, 6), r, sigma), d, places=10)
+    self.assertAlmostEqual(lt.risk(lt.factorize(r, 6), r, sigma), d, places=10)
     self.assertGreater(closed, d + 0.1)
 
   def test_risk_rejects_bad_covariance(self):
@@ -98,10 +98,10 @@ class GradientTest(absltest.TestCase):
     value, _ = lt.risk_and_gradient(a, r, sigma)
     self.assertAlmostEqual(value, lt.risk(a, r, sigma), places=10)
 
-  def test_gradient_is_zero_at_the_constructed_optimum(self):
+  def test_gradient_is_zero_at_the_factorized_optimum(self):
     rng = np.random.default_rng(6)
     r = lt.random_target(5, rng, 1.0)
-    a = lt.construct(r, 12)
+    a = lt.factorize(r, 12)
     gradient = lt.risk_gradient(a, r, np.eye(5))
     self.assertLess(float(tf.norm(gradient)), 1e-10)
 
@@ -153,13 +153,13 @@ class OrthogonalLogTest(absltest.TestCase):
       lt.orthogonal_log(2 * np.eye(2))
 
 
-class ConstructTest(absltest.TestCase):
+class FactorizeTest(absltest.TestCase):
 
   def check(self, r, layers):
-    a = lt.construct(r, layers)
+    a = lt.factorize(r, layers)
     self.assertEqual(a.dtype, tf.float64)
     self.assertEqual(tuple(a.shape), (layers, r.shape[0], r.shape[0]))
-    report = lt.construction_report(r, a)
+    report = lt.factorization_report(r, a)
     self.assertLess(report["residual"],
                     1e-11 * max(1.0, np.linalg.norm(r)) * max(1, layers / 10))
     self.assertLessEqual(report["max_norm"], report["bound"])
@@ -177,7 +177,7 @@ class ConstructTest(absltest.TestCase):
 
   def test_single_layer(self):
     r = lt.random_target(3, np.random.default_rng(10), 0.3)
-    np.testing.assert_allclose(lt.construct(r, 1).numpy()[0], r - np.eye(3))
+    np.testing.assert_allclose(lt.factorize(r, 1).numpy()[0], r - np.eye(3))
 
   def test_odd_d_pi_and_repeated_rotations(self):
     rng = np.random.default_rng(11)
@@ -216,20 +216,20 @@ class ConstructTest(absltest.TestCase):
 
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, r"det\(I \+ A\) > 0"):
-      lt.construct(np.diag([1.0, -2.0]), 5)
+      lt.factorize(np.diag([1.0, -2.0]), 5)
     with self.assertRaisesRegex(ValueError, "det R = 0"):
-      lt.construct(np.zeros((2, 2)), 5)
+      lt.factorize(np.zeros((2, 2)), 5)
     r = np.diag([math.exp(2.0), 1.0])
     with self.assertRaisesRegex(ValueError, "smallest admissible is 6"):
-      lt.construct(r, 5)
+      lt.factorize(r, 5)
     self.check(r, 6)
     with self.assertRaisesRegex(ValueError, "square"):
-      lt.construct(np.ones((2, 3)), 3)
+      lt.factorize(np.ones((2, 3)), 3)
     with self.assertRaisesRegex(ValueError, "non-finite"):
-      lt.construct(np.array([[1.0, np.inf], [0.0, 1.0]]), 3)
+      lt.factorize(np.array([[1.0, np.inf], [0.0, 1.0]]), 3)
     for layers in (0, 2.5, None, "three"):
       with self.assertRaisesRegex(ValueError, "integer >= 1"):
-        lt.construct(np.eye(2), layers)
+        lt.factorize(np.eye(2), layers)
 
 
 class BoundTest(absltest.TestCase):
@@ -288,6 +288,26 @@ class DescentTest(absltest.TestCase):
       with open(path, "rb") as f:
         self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
+  def test_every_step_contracts_as_2_3_promises(self):
+    # (2.3) as a Polyak-Lojasiewicz inequality in B_tau: while above
+    # round-off, each step multiplies f - f_opt by at most 1 - step mu / 2.
+    rng = np.random.default_rng(17)
+    d, layers = 3, 8
+    r = lt.near_identity_target(d, rng, 1.0)
+    sigma = lt.random_covariance(d, rng, 0.5, 2.0)
+    run = lt.gradient_descent(r, sigma, layers, 200)
+    tau = float(np.max(run["max_norm"]))
+    bound = lt.descent_rate_bound(run["step_size"], layers, tau, sigma)
+    # mu of (2.3) written out, with NumPy's eigenvalues.
+    mu = (4 * layers * (1 - tau) ** (2 * layers - 2)
+          * np.linalg.eigvalsh(sigma).min())
+    self.assertAlmostEqual(bound, 1 - run["step_size"] * mu / 2, places=13)
+    self.assertLess(bound, 1.0)
+    gaps = run["gap"]
+    live = gaps[:-1] > 1e-8 * gaps[0]
+    self.assertGreater(live.sum(), 20)
+    self.assertTrue(np.all(gaps[1:][live] <= bound * gaps[:-1][live]))
+
 
 class ChecksTest(absltest.TestCase):
 
@@ -296,7 +316,7 @@ class ChecksTest(absltest.TestCase):
     self.assertEqual(
         set(results),
         {"claim_2_3_risk_closed_form", "lemma_2_4_gradient",
-         "theorem_2_1_construction", "theorem_2_1_bad_input",
+         "theorem_2_1_factorization", "theorem_2_1_bad_input",
          "theorem_2_2_bound_2_3", "gradient_descent_linear_rate"})
     for name, entry in results.items():
       self.assertTrue(entry["pass"], (name, entry))
@@ -325,20 +345,24 @@ class BinaryTest(absltest.TestCase):
     os.makedirs(os.path.join(tmp, "out_dir"))
     env = dict(os.environ, BUILD_WORKING_DIRECTORY=tmp)
     runs = {
-        "construct": ("construct", "--R=R.npy", "--layers=9",
+        "factorize": ("factorize", "--R=R.npy", "--layers=9",
                       "--output=A.npz"),
-        "bad": ("construct", "--R=bad.npy", "--layers=3", "--output=B.npz"),
+        "bad": ("factorize", "--R=bad.npy", "--layers=3", "--output=B.npz"),
         "check": ("check", "--d=2", "--layers=3", "--samples=5000",
                   "--bound_power=2"),
         "descend": ("descend", "--d=3", "--layers=5", "--steps=150",
                     "--plot=descent.png"),
         # Plain mistakes: one line each, exit 1, nothing written.
-        "npz_given_as_R": ("construct", "--R=R.npz", "--layers=3",
+        "npz_given_as_R": ("factorize", "--R=R.npz", "--layers=3",
                            "--output=C.npz"),
-        "output_is_a_directory": ("construct", "--R=R.npy", "--layers=3",
+        "output_is_a_directory": ("factorize", "--R=R.npy", "--layers=3",
                                   "--output=out_dir"),
         "descent_diverges": ("descend", "--d=3", "--layers=5", "--steps=50",
                              "--step_size=1e3"),
+        # Former subcommands: one line saying what each became.
+        "construct_is_now_factorize": ("construct", "--R=R.npy", "--layers=3",
+                                       "--output=D.npz"),
+        "benchmark_moved": ("benchmark",),
     }
     with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
       futures = {name: pool.submit(testing.run_binary, "linear_theory", *args,
@@ -354,8 +378,8 @@ class BinaryTest(absltest.TestCase):
   def assert_succeeded(self, result):
     self.assertEqual(result.returncode, 0, result.stderr)
 
-  def test_construct_writes_layers_and_json(self):
-    result = self.results["construct"]
+  def test_factorize_writes_layers_and_json(self):
+    result = self.results["factorize"]
     self.assert_succeeded(result)
     report = json.loads(result.stdout)
     self.assertEqual(report["layers"], 9)
@@ -370,7 +394,7 @@ class BinaryTest(absltest.TestCase):
     self.assertAlmostEqual(report["max_norm"], float(np.max(
         np.linalg.norm(a, ord=2, axis=(1, 2)))), places=12)
 
-  def test_construct_rejects_negative_determinant(self):
+  def test_factorize_rejects_negative_determinant(self):
     bad = self.results["bad"]
     self.assertNotEqual(bad.returncode, 0)
     self.assertNotIn("Traceback", bad.stderr)
@@ -396,6 +420,11 @@ class BinaryTest(absltest.TestCase):
     self.assertLess(summary["residual_max_norm_over_run"], 1.0)
     self.assertGreater(summary["plain_final_gap"],
                        0.5 * summary["plain_initial_gap"])
+    # (2.3)'s rate bounds the measured one and is a contraction.
+    self.assertLessEqual(summary["residual_rate_per_step"],
+                         summary["rate_bound_from_2_3"])
+    self.assertLess(summary["rate_bound_from_2_3"], 1.0)
+    self.assertEqual(summary["plot"], "descent.png")
     with open(os.path.join(self.tmp.name, "descent.png"), "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
@@ -407,6 +436,11 @@ class BinaryTest(absltest.TestCase):
                                  r"path ending in \.npz",
         "descent_diverges": r"^error: gradient descent diverged: f - f_opt "
                             r"became (nan|inf) at step \d+; lower --step_size",
+        "construct_is_now_factorize": r"^error: the subcommand construct is "
+                                      r"now factorize \(same flags\): .*"
+                                      r"factorize --R=R.npy",
+        "benchmark_moved": r"^error: the subcommand benchmark is now .*"
+                           r"//bin:benchmark -- --suite=linear$",
     }
     for name, pattern in expected.items():
       with self.subTest(name):
@@ -415,6 +449,7 @@ class BinaryTest(absltest.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertRegex(testing.last_stderr_line(result), pattern)
     self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "C.npz")))
+    self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "D.npz")))
     self.assertEqual(os.listdir(os.path.join(self.tmp.name, "out_dir")), [])
     self.assertFalse(os.path.exists(os.path.join(self.tmp.name,
                                                  "out_dir.npz")))
@@ -425,7 +460,7 @@ class BinaryTest(absltest.TestCase):
       self.assertNotEqual(result.returncode, 0)
       self.assertNotIn("Traceback", result.stderr)
       line = testing.last_stderr_line(result)
-      self.assertIn("valid: construct, check, descend", line)
+      self.assertIn("valid: factorize, check, descend", line)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Tests of identity_tf/optimization.py: schedules, clipping, AGC, warm-up.
+"""Tests of identity_tf/training/optimization.py: schedules, clipping, AGC, warm-up.
 
 Every stabiliser is checked against the formula of its paper computed here
 in NumPy, and clipping under two replicas (two logical CPUs) against one.
@@ -13,9 +13,11 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
-from identity_tf import optimization
-from identity_tf import tfds_data
-from identity_tf import train
+from identity_tf.data import tfds_data
+from identity_tf.training import optimization
+from identity_tf.training import run as run_lib
+from identity_tf.training import step as step_lib
+from identity_tf.training import trainer
 
 # Two logical CPUs for MirroredStrategy, set before TensorFlow starts.
 _CPU = tf.config.list_physical_devices("CPU")[0]
@@ -90,7 +92,8 @@ class ScheduleTest(absltest.TestCase):
     config = dataclasses.replace(
         configs.PRESETS["cifar10_paper_literal"], warmup_steps=100,
         lr_boundaries=(200, 300))
-    schedule = optimization.learning_rate_schedule(config)
+    schedule = optimization.learning_rate_schedule(
+        run_lib.make_schedule(config, None))
     for step, expected in ((0, 0.05 / 100), (49, 0.05 * 50 / 100),
                            (99, 0.05), (150, 0.05), (250, 0.005),
                            (350, 0.0005)):
@@ -102,8 +105,9 @@ class ScheduleTest(absltest.TestCase):
   def test_exponential_schedule_needs_the_epoch_length(self):
     config = configs.PRESETS["imagenet_paper_literal"]
     with self.assertRaisesRegex(ValueError, "number of training examples"):
-      optimization.learning_rate_schedule(config)
-    schedule = optimization.learning_rate_schedule(config, 1000.0)
+      optimization.learning_rate_schedule(run_lib.make_schedule(config, None))
+    schedule = optimization.learning_rate_schedule(
+        run_lib.make_schedule(config, 1000.0))
     self.assertAlmostEqual(float(schedule(2000)), 0.1 * 0.94, places=6)
 
 
@@ -120,8 +124,8 @@ class ReplicasTest(absltest.TestCase):
     labels = rng.integers(0, 10, 8).astype(np.int32)
     keras.utils.set_random_seed(0)
     with strategy.scope():
-      model = train.build_model(config, info)
-      optimizer = train.build_optimizer(config, info)
+      model = trainer.build_model(run_lib.resolve(config, info, None))
+      optimizer = trainer.build_optimizer(run_lib.resolve(config, info, None))
       optimizer.build(model.trainable_variables)
 
     def dataset_fn(context):
@@ -133,7 +137,7 @@ class ReplicasTest(absltest.TestCase):
           (images.reshape(parts, per_replica, 32, 32, 3),
            labels.reshape(parts, per_replica))).repeat()
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    out = train.make_train_step(strategy, model, optimizer, config)(
+    out = step_lib.make_train_step(strategy, model, optimizer, config)(
         iterator, tf.constant(3))
     return [w.numpy() for w in model.trainable_weights], out
 

@@ -1,4 +1,4 @@
-"""Tests of identity_tf/sharpness.py and bin/sharpness.py."""
+"""Tests of identity_tf/training/sharpness.py and bin/sharpness.py."""
 
 import json
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
-from identity_tf import sharpness
-from identity_tf import train
+from identity_tf.training import sharpness
+from identity_tf.training import trainer
 import testing
 
 
@@ -81,7 +81,7 @@ class SharpnessTest(absltest.TestCase):
                              train_steps=10, checkpoint_steps=5,
                              steps_per_loop=5, log_steps=5,
                              eval_at_end=False)
-    train.train(config, model_dir, echo=lambda line: None)
+    trainer.train(config, model_dir, echo=lambda line: None)
     result = testing.run_binary("sharpness", f"--model_dir={model_dir}",
                                 "--num_examples=32", "--iterations=5",
                                 check=True)

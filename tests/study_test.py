@@ -1,4 +1,4 @@
-"""Tests of identity_tf/study.py and bin/study.py: grid, resume, report.
+"""Tests of identity_tf/training/study.py and bin/study.py: grid, resume, report.
 
 The report writer is checked on results made up here (its numbers computed
 independently with `statistics`); the runner on a tiny study of the
@@ -12,7 +12,7 @@ import statistics
 from absl.testing import absltest
 
 from identity_tf import configs
-from identity_tf import study
+from identity_tf.training import study
 import testing
 
 _TINY = (("width", 0.0625), ("batch_size", 32), ("num_eval_examples", 64))

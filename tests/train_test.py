@@ -1,4 +1,4 @@
-"""Tests of identity_tf/train.py, configs.py, bin/train.py and bin/evaluate.py.
+"""Tests of identity_tf/training/train.py, configs.py, bin/train.py and bin/evaluate.py.
 
 The binaries run as a user runs them (subprocesses, testing.run_binary). All
 networks here are tiny members of the paper's family so that the whole file
@@ -21,10 +21,16 @@ import tensorflow as tf
 import identity_tf
 from identity_tf import configs
 from identity_tf import model as model_lib
-from identity_tf import optimization
-from identity_tf import run_dir
-from identity_tf import tfds_data
-from identity_tf import train
+from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import config_file
+from identity_tf.training import diagnostics
+from identity_tf.training import metrics
+from identity_tf.training import optimization
+from identity_tf.training import preemption
+from identity_tf.training import run as run_lib
+from identity_tf.training import step as step_lib
+from identity_tf.training import trainer
 import testing
 
 SYNTHETIC = tfds_data.dataset_info("synthetic")
@@ -34,6 +40,11 @@ TINY = dict(preset="smoke", width=0.0625, units=1, batch_size=16,
             learning_rate=0.01, log_steps=10, checkpoint_steps=10,
             steps_per_loop=5, eval_at_end=False)
 KILL_RUN_STEPS = 150  # Long enough that a kill at step 10 lands mid-run.
+
+def _describe(config, info):
+  """config.json's content for CONFIG on dataset INFO."""
+  return run_lib.resolve(config, info, None).description()
+
 
 
 def _flags(**values):
@@ -68,8 +79,8 @@ class PresetTest(absltest.TestCase):
     # The dataset's classes and image shape come from TFDS's code; it is not
     # prepared here, so its size is unknown.
     info = tfds_data.dataset_info(config.dataset)
-    run_dir.write_run(model_dir, run_dir.describe_run(config, info))
-    with open(os.path.join(model_dir, run_dir.CONFIG_FILE)) as f:
+    config_file.write(model_dir, _describe(config, info))
+    with open(os.path.join(model_dir, config_file.CONFIG_FILE)) as f:
       return json.load(f)
 
   def test_cifar_presets_are_the_papers_numbers(self):
@@ -103,8 +114,8 @@ class PresetTest(absltest.TestCase):
                        0.0 if preset.endswith("_literal") else 1.0)
       self.assertEqual((config["agc_clip"], config["warmup_steps"]), (0, 0))
       # The schedule really is 0.05, /10 at 30k, /10 again at 50k.
-      schedule = optimization.learning_rate_schedule(
-          configs.from_dict(run["config"]))
+      schedule = optimization.learning_rate_schedule(run_lib.make_schedule(
+          configs.from_dict(run["config"]), None))
       rates = [float(schedule(step)) for step in (0, 29999, 30001, 50001)]
       np.testing.assert_allclose(rates, [0.05, 0.05, 0.005, 0.0005],
                                  rtol=1e-6)
@@ -123,8 +134,8 @@ class PresetTest(absltest.TestCase):
     self.assertEqual(run["model"]["options"]["classes"], 1000)
     self.assertEqual(run["preprocessing"]["kind"], "imagenet")
     # ImageNet-2012's 1,281,167 training images, in batches of 256.
-    schedule = optimization.learning_rate_schedule(configs.from_dict(config),
-                                                   1281167 / 256)
+    schedule = optimization.learning_rate_schedule(run_lib.make_schedule(
+        configs.from_dict(config), 1281167 / 256))
     two_epochs = round(2 * 1281167 / 256)
     rates = [float(schedule(step))
              for step in (0, two_epochs - 1, two_epochs, 2 * two_epochs)]
@@ -148,7 +159,7 @@ class PresetTest(absltest.TestCase):
         "train", "--preset=cifar10_paper", f"--model_dir={model_dir}",
         "--learning_rate=0.1", "--lr_boundaries=100,200", "--dry_run",
         check=True)
-    with open(os.path.join(model_dir, run_dir.CONFIG_FILE)) as f:
+    with open(os.path.join(model_dir, config_file.CONFIG_FILE)) as f:
       config = json.load(f)["config"]
     self.assertEqual(config["learning_rate"], 0.1)       # Overridden.
     self.assertEqual(config["lr_boundaries"], [100, 200])  # Overridden.
@@ -198,12 +209,12 @@ class ConfigErrorTest(absltest.TestCase):
   def test_resuming_a_different_network_is_refused(self):
     model_dir = self.create_tempdir().full_path
     config = configs.resolve("smoke")
-    run_dir.write_run(model_dir, run_dir.describe_run(config, SYNTHETIC))
-    run_dir.check_resumable(model_dir, configs.override(config, train_steps=9))
+    config_file.write(model_dir, _describe(config, SYNTHETIC))
+    config_file.check_resumable(model_dir, configs.override(config, train_steps=9))
     with self.assertRaisesRegex(
         ValueError,
         r"cannot continue with width \(0.25 -> 0.5\); use a new --model_dir"):
-      run_dir.check_resumable(model_dir, configs.override(config, width=0.5))
+      config_file.check_resumable(model_dir, configs.override(config, width=0.5))
 
   def test_binary_reports_bad_flags_in_one_line(self):
     model_dir = self.create_tempdir().full_path
@@ -251,7 +262,7 @@ class TrainingTest(absltest.TestCase):
     # Clearly above chance (10 classes) on the held-out split.
     eval_top1 = float(done[0].split("evaluation top-1 ")[1].split()[0])
     self.assertGreater(eval_top1, 0.3)
-    self.assertEqual(run_dir.checkpoint_step(tf.train.latest_checkpoint(
+    self.assertEqual(checkpoints.checkpoint_step(tf.train.latest_checkpoint(
         model_dir)), 200)
     # Progress lines (stderr: results alone go to stdout) are JSON objects
     # with what shows a divergence coming.
@@ -263,7 +274,7 @@ class TrainingTest(absltest.TestCase):
                      ["stem", "stage1", "stage2", "stage3", "logits"])
     self.assertGreater(progress[-1]["grad_norm"], 0)
     self.assertGreater(progress[-1]["update_ratio"], 0)
-    scalars = run_dir.read_scalars(os.path.join(model_dir, "train"))
+    scalars = metrics.read_scalars(os.path.join(model_dir, "train"))
     for name in ("loss", "top1", "learning_rate", "images_per_second",
                  "residual_branch_norm/stage1", "residual_branch_norm/stage2",
                  "residual_branch_norm/stage3", "grad_norm", "update_ratio",
@@ -273,7 +284,7 @@ class TrainingTest(absltest.TestCase):
     losses = [value for _, value in sorted(scalars["loss"])]
     self.assertLess(losses[-1], losses[0] - 0.5)  # ln 10 = 2.30 at the start.
     self.assertGreater(scalars["residual_branch_norm/stage1"][-1][1], 0.0)
-    eval_scalars = run_dir.read_scalars(os.path.join(model_dir, "eval"))
+    eval_scalars = metrics.read_scalars(os.path.join(model_dir, "eval"))
     self.assertAlmostEqual(eval_scalars["top1"][-1][1], eval_top1, places=3)
 
   def test_memorises_random_labels(self):
@@ -288,7 +299,7 @@ class TrainingTest(absltest.TestCase):
                                     image_size=8)
     config = configs.resolve("smoke", learning_rate=0.05,
                              lr_schedule="constant")
-    model.compile(train.build_optimizer(config, SYNTHETIC),
+    model.compile(trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None)),
                   keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True))
     accuracy = 0.0
@@ -307,12 +318,12 @@ class TrainingTest(absltest.TestCase):
         checkpoint_steps=10, log_steps=10, steps_per_loop=10,
         eval_at_end=False, deterministic=True)
     model_dir = self.create_tempdir().full_path
-    train.train(config, model_dir, echo=lambda line: None)
+    trainer.train(config, model_dir, echo=lambda line: None)
     path = tf.train.latest_checkpoint(model_dir)
     saved = _checkpoint_tensors(path)
     # A fresh model and optimizer, restored the way train() restores them.
-    model = train.build_model(config, SYNTHETIC)
-    optimizer = train.build_optimizer(config, SYNTHETIC)
+    model = trainer.build_model(run_lib.resolve(config, SYNTHETIC, None))
+    optimizer = trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None))
     optimizer.build(model.trainable_variables)
     tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
         path).expect_partial()
@@ -334,7 +345,7 @@ class TrainingTest(absltest.TestCase):
         "smoke", width=0.0625, batch_size=16, train_steps=10,
         checkpoint_steps=10, log_steps=10, steps_per_loop=10,
         eval_at_end=False)
-    train.train(config, model_dir, echo=lambda line: None)
+    trainer.train(config, model_dir, echo=lambda line: None)
 
     def corrupted_after_step_12(input_context):
       # Clean batches for 2 more steps, then an infinite pixel: the loss
@@ -350,16 +361,16 @@ class TrainingTest(absltest.TestCase):
     # The step and the stage are named: the first bad batch is step 13's,
     # and the infinite pixel overflows the first convolution.
     with self.assertRaisesRegex(
-        train.NonFiniteLossError,
+        diagnostics.NonFiniteLossError,
         r"became (nan|inf) at step 13: the activations of stem became NaN or "
         r"infinite first; .*stopped; the latest checkpoint, written before it "
         r"with finite weights, is "
         r".*ckpt-10 \(step 10\)") as caught:
-      train.train(configs.override(config, train_steps=30), model_dir,
+      trainer.train(configs.override(config, train_steps=30), model_dir,
                   echo=lambda line: None, dataset_fn=corrupted_after_step_12)
     self.assertEqual(caught.exception.step, 13)
     latest = tf.train.latest_checkpoint(model_dir)
-    self.assertEqual(run_dir.checkpoint_step(latest), 10)
+    self.assertEqual(checkpoints.checkpoint_step(latest), 10)
     for value in _checkpoint_tensors(latest).values():
       if np.issubdtype(np.asarray(value).dtype, np.floating):
         self.assertTrue(np.all(np.isfinite(value)))
@@ -376,13 +387,13 @@ class DiagnosticsTest(absltest.TestCase):
     images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
     strategy = tf.distribute.get_strategy()
-    model = train.build_model(config, SYNTHETIC)
-    optimizer = train.build_optimizer(config, SYNTHETIC)
+    model = trainer.build_model(run_lib.resolve(config, SYNTHETIC, None))
+    optimizer = trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None))
     optimizer.build(model.trainable_variables)
     # The same network and the step's quantities, computed here: the
     # gradient of the mean cross-entropy, plain SGD's update -lr g, the RMS
     # of each stage's last unit's output.
-    twin = train.build_model(config, SYNTHETIC)
+    twin = trainer.build_model(run_lib.resolve(config, SYNTHETIC, None))
     twin.set_weights(model.get_weights())
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
@@ -401,9 +412,9 @@ class DiagnosticsTest(absltest.TestCase):
 
     iterator = iter(strategy.distribute_datasets_from_function(
         lambda _: tf.data.Dataset.from_tensors((images, labels)).repeat()))
-    out = train.make_train_step(strategy, model, optimizer, config)(
+    out = step_lib.make_train_step(strategy, model, optimizer, config)(
         iterator, tf.constant(1))
-    self.assertEqual(train.watched_activations(model), list(outputs))
+    self.assertEqual(diagnostics.watched_activations(model), list(outputs))
     peaks = out["peaks"].numpy()
     np.testing.assert_allclose(peaks[[0, *range(2, 7)]], [norm, *rms],
                                rtol=1e-4)
@@ -418,10 +429,10 @@ class DiagnosticsTest(absltest.TestCase):
         "smoke", width=0.0625, batch_size=16, train_steps=10, eval_steps=4,
         checkpoint_steps=10, log_steps=5, steps_per_loop=5,
         num_eval_examples=64)
-    result = train.train(config, model_dir, echo=lines.append)
+    result = trainer.train(config, model_dir, echo=lines.append)
     evaluations = [json.loads(line) for line in lines if '"eval"' in line]
     self.assertEqual([e["step"] for e in evaluations], [4, 8, 10])
-    scalars = run_dir.read_scalars(os.path.join(model_dir, "eval"))
+    scalars = metrics.read_scalars(os.path.join(model_dir, "eval"))
     self.assertEqual([step for step, _ in scalars["top1"]], [4, 8, 10])
     self.assertEqual(result["eval"]["examples"], 64)
     self.assertAlmostEqual(result["eval"]["top1"], scalars["top1"][-1][1],
@@ -462,7 +473,7 @@ class InterruptionTest(testing.ProcessTestCase):
     _wait_for_line(process.stderr, "saved checkpoint")
     process.send_signal(signal.SIGKILL)
     self.assertEqual(process.wait(timeout=60), -signal.SIGKILL)
-    killed_at = run_dir.checkpoint_step(tf.train.latest_checkpoint(model_dir))
+    killed_at = checkpoints.checkpoint_step(tf.train.latest_checkpoint(model_dir))
     self.assertLess(killed_at, KILL_RUN_STEPS)  # Really killed mid-way.
     resumed = testing.run_binary("train", f"--model_dir={model_dir}",
                                  *self.flags, check=True)
@@ -496,14 +507,14 @@ class InterruptionTest(testing.ProcessTestCase):
       if line.startswith("saved checkpoint"):
         os.kill(os.getpid(), signal.SIGTERM)
 
-    with self.assertRaises(train.PreemptedError) as raised:
-      train.train(config, model_dir, echo=terminate_after_first_checkpoint)
+    with self.assertRaises(preemption.PreemptedError) as raised:
+      trainer.train(config, model_dir, echo=terminate_after_first_checkpoint)
     message = str(raised.exception)
     self.assertRegex(message, r"^stopped by SIGTERM at step \d+; wrote "
                      r"checkpoint .*ckpt-\d+; run the same command again")
     stopped_at = int(message.split("at step ")[1].split(";")[0])
     self.assertLess(stopped_at, KILL_RUN_STEPS)
-    self.assertEqual(run_dir.checkpoint_step(
+    self.assertEqual(checkpoints.checkpoint_step(
         tf.train.latest_checkpoint(model_dir)), stopped_at)
 
     # One JSON object for the checkpoint SIGTERM wrote.
@@ -522,7 +533,7 @@ class InterruptionTest(testing.ProcessTestCase):
                           "--num_examples=100", "--write_summaries=false")
     first = json.loads(_wait_for_line(watcher.stdout, "{"))
     self.assertEqual(first["global_step"], stopped_at)
-    train.train(config, model_dir, echo=lambda line: None)
+    trainer.train(config, model_dir, echo=lambda line: None)
     self.assertEqual(watcher.wait(timeout=180), 0)
     steps = [first["global_step"]] + [
         json.loads(line)["global_step"] for line in watcher.stdout
@@ -539,8 +550,8 @@ class InterruptionTest(testing.ProcessTestCase):
     self.assertStartsWith(testing.last_stderr_line(result),
                           "error: no config.json in --model_dir=")
     with self.assertRaisesRegex(ValueError, "no checkpoint .*ckpt-99999"):
-      run_dir.restore_model(self.reference_dir, 99999)
-    _, _, step = run_dir.restore_model(self.reference_dir, "ckpt-140")
+      checkpoints.restore_model(self.reference_dir, 99999)
+    _, _, step = checkpoints.restore_model(self.reference_dir, "ckpt-140")
     self.assertEqual(step, 140)
 
 

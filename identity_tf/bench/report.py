@@ -1,0 +1,86 @@
+"""What //bin:benchmark does with its flags: run one suite and report it.
+
+`benchmark_command` prints the human summary (ratios first) to stdout and,
+with --json, writes every figure with the machine it was taken on and the
+load average before and after.
+"""
+
+import json
+import os
+import sys
+import types
+
+from identity_tf import cli
+from identity_tf import configs
+
+# The flags recorded in the JSON beside the results.
+RECORDED_FLAGS = ("model", "width", "units", "batch_size", "steps", "repeats",
+                  "strategy", "torch_memory_formats", "torch_threads",
+                  "sgemm_size", "sgemm_repeats", "smoke_steps", "dataset",
+                  "batches", "layers", "dims", "d", "l", "points", "n")
+
+
+def options_from_flags(values):
+  """VALUES ({flag: value}) as the suites take them: lists of integers
+  parsed, the plot's and the JSON's paths resolved against the user's
+  directory. TensorFlow-free, so that a mistake is one line at once."""
+  options = types.SimpleNamespace(**values)
+  for name, minimum in (("layers", 1), ("dims", 1), ("points", 2)):
+    numbers = configs.parse_integers(name, getattr(options, name))
+    if not numbers or min(numbers) < minimum:
+      raise ValueError(f"--{name} needs integers >= {minimum}, got "
+                       f"{','.join(map(str, numbers))}")
+    setattr(options, name, list(numbers))
+  options.data_dir = cli.path(options.data_dir)
+  plot = options.plot
+  if plot is None:
+    plot = f"benchmark_{options.suite}.png"
+  options.plot = cli.resolve_path(plot) if plot else None
+  if options.json:
+    given = options.json
+    options.json = cli.resolve_path(options.json)
+    directory = os.path.dirname(options.json)
+    if not os.path.isdir(directory):
+      raise ValueError(f"--json={given}: directory {directory} does not "
+                       "exist; create it or pick another path")
+  return options
+
+
+def _log(message):
+  print(message, file=sys.stderr, flush=True)
+
+
+def benchmark_command(options, command_args, log=_log):
+  """Runs OPTIONS.suite; prints its summary, writes OPTIONS.json.
+
+  COMMAND_ARGS (the command line's flags) are recorded in the JSON as the
+  command that reproduces it; LOG receives progress (stderr).
+  """
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.bench import suites
+  from identity_tf.bench import tools
+  # pylint: enable=g-import-not-at-top
+  machine = tools.machine_info()
+  log(f"{options.suite} on {machine['cores']} cores ({machine['cpu']}), load "
+      f"average {machine['load_average']}")
+  results, lines = suites.SUITES[options.suite](options)
+  machine["load_average_end"] = tools.load_average()
+  report = {
+      "suite": options.suite,
+      "command": "bazel run //bin:benchmark -- " + " ".join(command_args),
+      "machine": machine,
+      "flags": {name: getattr(options, name) for name in RECORDED_FLAGS},
+      "results": results,
+      "summary": lines,
+  }
+  print(f"{options.suite}, {machine['date_utc']} UTC, {machine['cores']} "
+        f"cores, load average {machine['load_average']} -> "
+        f"{machine['load_average_end']}")
+  for line in lines:
+    print(line)
+  if options.json:
+    with open(options.json, "w") as f:
+      json.dump(report, f, indent=1, default=float)
+      f.write("\n")
+    log(f"wrote {options.json}")
+  return report

@@ -1,0 +1,507 @@
+"""The suites of //bin:benchmark: what each measures and how.
+
+`SUITES[name](options, log)` runs one suite and returns (results, summary
+lines); OPTIONS carries the binary's flags as attributes (model, width,
+units, batch_size, steps, repeats, strategy, ...; bin/benchmark.py lists
+them). The suites time identity_tf's own code -- `step.make_train_step`,
+the input pipeline, Sections 2 and 3 -- against PyTorch and the machine's
+SGEMM peak where there is something to compare with; `benchmarks` holds
+the measuring tools they share.
+"""
+
+import os
+import sys
+import tempfile
+
+STEP = ("identity_tf.training.step.make_train_step (the step "
+        "trainer.train runs)")
+
+
+def log(message):
+  print(message, file=sys.stderr, flush=True)
+
+
+def _config(options, **overrides):
+  from identity_tf import configs  # pylint: disable=g-import-not-at-top
+  dataset = "synthetic" if options.model == "cifar10" else "cifar100"
+  units = None if options.units is None else (options.units,)
+  # The paper's step as written: the PyTorch twin implements exactly that
+  # (the presets' gradient clipping adds one norm over the weights).
+  return configs.resolve(
+      "cifar10_paper_literal", model=options.model, dataset=dataset,
+      width=options.width, units=units, batch_size=options.batch_size,
+      strategy=options.strategy, **overrides)
+
+
+def _model_options(options):
+  model_options = {"width": options.width}
+  if options.units is not None:
+    model_options["units"] = options.units
+  return model_options
+
+
+# ---------------------------------------------------------------------------
+# train_step and bf16: contenders timed in turn.
+
+class Contender:
+  """One way of running training steps, timed in alternation with others."""
+
+  def __init__(self, name, run_steps, batch_size):
+    self.name = name
+    self.run_steps = run_steps      # run_steps(n) runs n steps.
+    self.batch_size = batch_size
+    self.seconds_per_step = []
+    self.load = []
+
+  def time_repeat(self, steps):
+    from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+    seconds, _ = tools.timed(lambda: self.run_steps(steps))
+    self.seconds_per_step.append(seconds / steps)
+    self.load.append(tools.load_average())
+    return self.batch_size * steps / seconds
+
+  def figures(self):
+    from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+    rates = [self.batch_size / s for s in self.seconds_per_step]
+    return {"images_per_second": tools.summarize(rates),
+            "seconds_per_step": tools.summarize(self.seconds_per_step),
+            "load_average": self.load}
+
+
+def alternate(contenders, steps, repeats):
+  """Warm-up, then REPEATS rounds in which every contender runs STEPS."""
+  for contender in contenders:
+    log(f"warm-up: {contender.name} (tracing, first steps)")
+    contender.run_steps(1)
+  for repeat in range(repeats):
+    for contender in contenders:
+      rate = contender.time_repeat(steps)
+      log(f"repeat {repeat + 1}/{repeats}: {contender.name} {rate:.2f} "
+          f"images/s (load {contender.load[-1]})")
+
+
+def speedup(faster, slower):
+  """Per-repeat ratios of FASTER's images/s to SLOWER's: median and range."""
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  ratios = [(faster.batch_size / fast) / (slower.batch_size / slow)
+            for fast, slow in zip(faster.seconds_per_step,
+                                  slower.seconds_per_step)]
+  return tools.summarize(ratios)
+
+
+def tf_contender(options, name, config, images, labels):
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  run, model = tools.make_train_step(config, images, labels,
+                                          tpu=options.tpu)
+  return Contender(name, run, config.batch_size), model
+
+
+def torch_contenders(options, keras_model, config, images, labels):
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  contenders = []
+  for memory_format in options.torch_memory_formats:
+    channels_last = memory_format == "channels_last"
+    _, step, _ = tools.torch_reference(
+        keras_model, learning_rate=config.learning_rate,
+        momentum=config.momentum, weight_decay=config.weight_decay,
+        channels_last=channels_last,
+        threads=options.torch_threads or os.cpu_count())
+    x, y = tools.torch_batch(images, labels, channels_last)
+
+    def run(steps, step=step, x=x, y=y):
+      for _ in range(steps):
+        step(x, y)
+    contenders.append(Contender(f"pytorch ({memory_format})", run,
+                                config.batch_size))
+  return contenders
+
+
+def train_step_suite(options):
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  config = _config(options)
+  shapes = tools.conv_shapes(options.model, **_model_options(options))
+  flops = tools.train_flops_per_image(shapes)
+  torch, why_not = tools.import_torch()
+  if not options.torch:
+    torch, why_not = None, "PyTorch left out (--notorch)"
+  if torch is None:
+    log(why_not)
+  log("SGEMM peak (before)")
+  peaks = [tools.sgemm_peak(options.sgemm_size, options.sgemm_repeats,
+                                 use_torch=torch is not None, log=log)]
+  images, labels = tools.fixed_batch(config.batch_size)
+  ours, keras_model = tf_contender(options, "identity_tf", config, images,
+                                   labels)
+  contenders = [ours]
+  if torch is not None:
+    contenders += torch_contenders(options, keras_model, config, images, labels)
+  alternate(contenders, options.steps, options.repeats)
+  log("SGEMM peak (after)")
+  peaks.append(tools.sgemm_peak(options.sgemm_size, options.sgemm_repeats,
+                                     use_torch=torch is not None, log=log))
+  peak = max(p["best"] for p in peaks)
+  results = {
+      "network": {"model": options.model, **_model_options(options),
+                  "batch_size": config.batch_size,
+                  "strategy": config.strategy},
+      "step": STEP,
+      "flops_per_image": flops,
+      "sgemm": {"measurements": peaks, "peak_flops": peak},
+      "contenders": {c.name: c.figures() for c in contenders},
+      "pytorch": None if torch is not None else why_not,
+  }
+  ours_rate = results["contenders"]["identity_tf"]["images_per_second"]
+  achieved = ours_rate["median"] * flops["train_flops"]
+  results["identity_tf_flops"] = {
+      "median": achieved,
+      "min": ours_rate["min"] * flops["train_flops"],
+      "max": ours_rate["max"] * flops["train_flops"],
+      "fraction_of_sgemm_peak": achieved / peak,
+      # Like for like with the SGEMM figure, itself the best of its runs.
+      "best_repeat_fraction_of_sgemm_peak":
+          ours_rate["max"] * flops["train_flops"] / peak}
+  lines = []
+  if torch is not None:
+    best = max(contenders[1:], key=lambda c: c.figures()[
+        "images_per_second"]["median"])
+    versus = speedup(ours, best)
+    results["ratio_vs_pytorch"] = {"against": best.name, **versus}
+    results["ratios_vs_each_pytorch"] = {c.name: speedup(ours, c)
+                                         for c in contenders[1:]}
+    lines.append(f"identity_tf / PyTorch ({best.name}): {versus['median']:.2f}x"
+                 f" images/s (per-repeat range {versus['min']:.2f}-"
+                 f"{versus['max']:.2f}; target >= 1.0)")
+  else:
+    lines.append(f"identity_tf / PyTorch: not measured: {why_not}")
+  ours_flops = results["identity_tf_flops"]
+  lines.append(
+      f"identity_tf FLOP/s / SGEMM peak: "
+      f"{ours_flops['fraction_of_sgemm_peak']:.0%} at the median repeat, "
+      f"{ours_flops['best_repeat_fraction_of_sgemm_peak']:.0%} at the best "
+      f"({achieved / 1e9:.1f} and {ours_flops['max'] / 1e9:.1f} of "
+      f"{peak / 1e9:.1f} GFLOP/s, the best SGEMM; target >= 85%)")
+  lines.append("")
+  lines += _throughput_lines(contenders, f"{options.steps} step(s)")
+  for p in peaks:
+    by_library = ", ".join(f"{k} {p[k] / 1e9:.1f}" for k in
+                           ("tensorflow", "numpy", "torch") if k in p)
+    lines.append(f"SGEMM {p['size']}x{p['size']} GFLOP/s: {by_library} "
+                 f"(load {p['load_average']})")
+  lines.append(
+      f"FLOPs per image: {flops['train_flops'] / 1e9:.3f} G = forward "
+      f"{flops['forward_flops'] / 1e9:.3f} G (2 x {flops['forward_macs']:,} "
+      f"MACs of {flops['convolutions']} convolutions) + backward "
+      f"{flops['backward_flops'] / 1e9:.3f} G (kernel and input gradients, "
+      f"no input gradient for the first convolution); elementwise work not "
+      f"counted (<= {flops['other_flops_estimate'] / 1e9:.3f} G)")
+  return results, lines
+
+
+def _smoke_accuracy(policy, steps):
+  """Evaluation top-1 and loss of the smoke preset trained under POLICY."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from identity_tf import configs  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import trainer  # pylint: disable=g-import-not-at-top
+  config = configs.resolve("smoke", train_steps=steps,
+                           checkpoint_steps=steps)
+  keras.mixed_precision.set_global_policy(policy)
+  try:
+    with tempfile.TemporaryDirectory() as model_dir:
+      result = trainer.train(
+          config, model_dir, echo=lambda line: log(f"smoke {policy}: {line}"))
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  return {"top1": result["eval"]["top1"], "loss": result["eval"]["loss"],
+          "train_loss": result["train_loss"], "steps": steps,
+          "examples": result["eval"]["examples"]}
+
+
+def bf16_suite(options):
+  import keras  # pylint: disable=g-import-not-at-top
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  config = _config(options)
+  images, labels = tools.fixed_batch(config.batch_size)
+  contenders = []
+  for policy in ("float32", "mixed_bfloat16"):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+      contender, _ = tf_contender(options, policy, config, images, labels)
+    finally:
+      keras.mixed_precision.set_global_policy("float32")
+    contenders.append(contender)
+  alternate(contenders, options.steps, options.repeats)
+  bf16_speedup = speedup(contenders[1], contenders[0])
+  results = {"network": {"model": options.model, **_model_options(options),
+                         "batch_size": config.batch_size},
+             "step": STEP,
+             "contenders": {c.name: c.figures() for c in contenders},
+             "speedup_bf16_over_float32": bf16_speedup}
+  lines = [f"mixed_bfloat16 / float32: {bf16_speedup['median']:.2f}x images/s"
+           f" (per-repeat range {bf16_speedup['min']:.2f}-"
+           f"{bf16_speedup['max']:.2f}; "
+           f"target >= 1.3)"]
+  if options.smoke_steps:
+    smoke = {}
+    for policy in ("float32", "mixed_bfloat16"):
+      log(f"smoke preset, {options.smoke_steps} steps, {policy}")
+      smoke[policy] = _smoke_accuracy(policy, options.smoke_steps)
+    results["smoke_accuracy"] = smoke
+    cost = smoke["float32"]["top1"] - smoke["mixed_bfloat16"]["top1"]
+    results["smoke_top1_cost"] = cost
+    lines.append(
+        f"smoke preset ({options.smoke_steps} steps) evaluation top-1: float32 "
+        f"{smoke['float32']['top1']:.4f}, mixed_bfloat16 "
+        f"{smoke['mixed_bfloat16']['top1']:.4f} (cost {cost:+.4f}); loss "
+        f"{smoke['float32']['loss']:.4f} vs "
+        f"{smoke['mixed_bfloat16']['loss']:.4f}")
+  lines.append("")
+  lines += _throughput_lines(contenders)
+  return results, lines
+
+
+# ---------------------------------------------------------------------------
+# pipeline.
+
+def input_pipeline_suite(options):
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  from identity_tf.data import pipeline  # pylint: disable=g-import-not-at-top
+  from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
+  config = _config(options)
+  batch = config.batch_size
+  info = tfds_data.dataset_info(options.dataset, options.data_dir)
+  pipelines = {}
+  for deterministic in (False, True):
+    dataset = pipeline.build_dataset(
+        options.dataset, info.train_split, batch, training=True,
+        data_dir=options.data_dir, deterministic=deterministic)
+    iterator = iter(dataset)
+
+    def run(batches, iterator=iterator):
+      for _ in range(batches):
+        next(iterator)
+    pipelines[deterministic] = Contender(
+        f"pipeline deterministic={deterministic}", run, batch)
+    run(10)  # Fills the prefetch buffer and the parallel map.
+  images, labels = tools.fixed_batch(batch)
+  step, _ = tf_contender(options, "identity_tf step", config, images, labels)
+  contenders = [pipelines[False], pipelines[True], step]
+  for contender in contenders[:2]:
+    contender.run_steps(options.batches)
+  step.run_steps(1)
+  for repeat in range(options.repeats):
+    for contender in contenders:
+      count = options.steps if contender is step else options.batches
+      rate = contender.time_repeat(count)
+      log(f"repeat {repeat + 1}/{options.repeats}: {contender.name} "
+          f"{rate:.1f} images/s (load {contender.load[-1]})")
+  figures = {c.name: c.figures() for c in contenders}
+  step_rate = figures[step.name]["images_per_second"]["median"]
+  headroom = {c.name: speedup(c, step) for c in contenders[:2]}
+  # The training run's setting (configs.Config.deterministic, default off).
+  used = pipelines[config.deterministic].name
+  results = {"dataset": options.dataset, "batch_size": batch,
+             "network": {"model": options.model, **_model_options(options)},
+             "contenders": figures, "pipeline_over_step": headroom,
+             "training_uses": used}
+  lines = [f"input pipeline / step consumption ({name}): "
+           f"{h['median']:.0f}x (range {h['min']:.0f}-{h['max']:.0f}; target "
+           f">= 20x)" for name, h in headroom.items()]
+  lines.append("")
+  for contender in contenders:
+    figure = figures[contender.name]["images_per_second"]
+    lines.append(f"{contender.name}: {figure['median']:.1f} images/s median "
+                 f"(min {figure['min']:.1f}, max {figure['max']:.1f})")
+  lines.append(f"(training uses {used}; the step is {options.model} width "
+               f"{options.width} at batch {batch}: {step_rate:.2f} images/s)")
+  return results, lines
+
+
+# ---------------------------------------------------------------------------
+# linear and construct: time against size.
+
+def _scaling(sizes, seconds):
+  """The exponent p of seconds ~ size^p (least squares in log-log)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if len(sizes) < 2:
+    return None
+  return float(np.polyfit(np.log(sizes), np.log(np.maximum(seconds, 1e-9)),
+                          1)[0])
+
+
+def _sweep(options, name, label, sizes, run_once):
+  """min and all times of options.repeats runs of run_once(size) per size."""
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  run_once(sizes[0])  # Warm-up: kernels, tf.function traces.
+  rows = []
+  for size in sizes:
+    times = [run_once(size) for _ in range(options.repeats)]
+    rows.append({"size": size, **tools.summarize(times),
+                 "load_average": tools.load_average()})
+    log(f"{name}: {label} = {size}: min {min(times):.4f} s")
+  exponent = _scaling(sizes, [r["min"] for r in rows])
+  return {"variable": label, "rows": rows, "exponent": exponent}
+
+
+def _plot(panels, path, title):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  figure, axes = pyplot.subplots(1, len(panels), figsize=(5.5 * len(panels), 4))
+  axes = axes if len(panels) > 1 else [axes]
+  for axis, (xlabel, curves) in zip(axes, panels):
+    for name, sweep in curves:
+      sizes = [r["size"] for r in sweep["rows"]]
+      axis.loglog(sizes, [r["min"] for r in sweep["rows"]], "o-",
+                  label=f"{name} (~{sweep['variable']}^"
+                        f"{sweep['exponent']:.2f})")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel("seconds (min of repeats)")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+  figure.suptitle(title)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  pyplot.close(figure)
+
+
+def _throughput_lines(contenders, repeat=None):
+  """A line per contender: median, min and max images/s (and the number of
+  repeats of REPEAT, if given)."""
+  lines = []
+  for contender in contenders:
+    figure = contender.figures()["images_per_second"]
+    repeats = f", {figure['n']} repeats of {repeat}" if repeat else ""
+    lines.append(f"{contender.name}: {figure['median']:.2f} images/s median "
+                 f"(min {figure['min']:.2f}, max {figure['max']:.2f}"
+                 f"{repeats})")
+  return lines
+
+
+def _plot_sweeps(path, sweeps, curves, variables, title):
+  """Plots SWEEPS into PATH (nothing if None): a panel per (variable, what is
+  held) of VARIABLES, a line per (name, label) of CURVES, from the sweep
+  "<name>_vs_<variable>". Returns PATH."""
+  if path:
+    _plot([(f"{variable} ({held})",
+            [(label, sweeps[f"{name}_vs_{variable}"])
+             for name, label in curves])
+           for variable, held in variables], path, title)
+    log(f"wrote {path}")
+  return path
+
+
+def _sweep_lines(sweeps, expectation):
+  """Summary of scaling sweeps: fitted exponents, EXPECTATION, then times."""
+  lines = [f"{name}: time ~ {s['variable']}^{s['exponent']:.2f}"
+           for name, s in sweeps.items()]
+  lines += [expectation, ""]
+  for name, sweep in sweeps.items():
+    lines.append(f"{name}: " + ", ".join(
+        f"{sweep['variable']}={r['size']}: {r['min']:.4f} s"
+        for r in sweep["rows"]))
+  return lines
+
+
+def linear_suite(options):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.theory import linear as lt
+  # pylint: enable=g-import-not-at-top
+  layer_sizes, dims = options.layers, options.dims
+  if options.d < 1 or options.l < 1:
+    raise ValueError("--d and --l must be >= 1")
+  rng = np.random.default_rng(0)
+  problems = {}
+
+  def problem(d):
+    if d not in problems:
+      problems[d] = (lt.random_target(d, rng, 1.0),
+                     lt.random_covariance(d, rng, 0.5, 2.0))
+    return problems[d]
+
+  def factorize_time(layers, d):
+    r, _ = problem(d)
+    try:
+      return tools.timed(lambda: lt.factorize(r, layers).numpy())[0]
+    except ValueError as e:
+      raise ValueError(f"factorize(l={layers}, d={d}): {e}; use larger "
+                       f"--layers/--l") from None
+
+  def gradient_time(layers, d):
+    r, sigma = problem(d)
+    a = tf.constant(lt.random_layers(layers, d, rng, 0.5 / layers))
+    return tools.timed(lambda: lt.risk_gradient(a, r, sigma).numpy())[0]
+
+  sweeps = {
+      "factorize_vs_l": _sweep(options, "factorize_vs_l", "l", layer_sizes,
+                               lambda l: factorize_time(l, options.d)),
+      "gradient_vs_l": _sweep(options, "gradient_vs_l", "l", layer_sizes,
+                              lambda l: gradient_time(l, options.d)),
+      "factorize_vs_d": _sweep(options, "factorize_vs_d", "d", dims,
+                               lambda d: factorize_time(options.l, d)),
+      "gradient_vs_d": _sweep(options, "gradient_vs_d", "d", dims,
+                              lambda d: gradient_time(options.l, d)),
+  }
+  path = _plot_sweeps(
+      options.plot, sweeps, [("factorize", "factorize (Thm 2.1)"),
+                             ("gradient", "gradient (Lemma 2.4)")],
+      [("l", f"d = {options.d}"), ("d", f"l = {options.l}")],
+      "Section 2: linear residual networks")
+  results = {"sweeps": sweeps, "plot": path, "d": options.d, "l": options.l}
+  return results, _sweep_lines(
+      sweeps, "(expected: gradient O(l d^3); factorize O(d^3) + O(l d^2) "
+      "output)")
+
+
+def construct_suite(options):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  from identity_tf.theory import construction  # pylint: disable=g-import-not-at-top
+  points, dims = options.points, options.dims
+  if options.d < 1 or options.n < 2:
+    raise ValueError("construct needs --d >= 1 and --n >= 2")
+  details = {}
+
+  def data(n, d):
+    rng = np.random.default_rng(n * 1000 + d)
+    return rng.standard_normal((n, d)), rng.integers(0, 10, n)
+
+  def build(n, d, what):
+    x, y = data(n, d)
+    seconds, built = tools.timed(lambda: construction.construct(
+        x, y, num_classes=10))
+    if what == "verify":
+      seconds, accuracy = tools.timed(
+          lambda: construction.accuracy(built.weights, x, y))
+      details[(n, d)] = {"k": built.k, "units": built.num_units,
+                         "parameters": construction.count_parameters(
+                             built.weights), "accuracy": accuracy}
+    return seconds
+
+  sweeps = {
+      "construct_vs_n": _sweep(options, "construct_vs_n", "n", points,
+                               lambda n: build(n, options.d, "construct")),
+      "verify_vs_n": _sweep(options, "verify_vs_n", "n", points,
+                            lambda n: build(n, options.d, "verify")),
+      "construct_vs_d": _sweep(options, "construct_vs_d", "d", dims,
+                               lambda d: build(options.n, d, "construct")),
+      "verify_vs_d": _sweep(options, "verify_vs_d", "d", dims,
+                            lambda d: build(options.n, d, "verify")),
+  }
+  path = _plot_sweeps(
+      options.plot, sweeps, [("construct", "construct"),
+                             ("verify", "evaluate on all n points")],
+      [("n", f"d = {options.d}"), ("d", f"n = {options.n}")],
+      "Section 3: the expressivity construction")
+  results = {"sweeps": sweeps, "plot": path, "d": options.d, "n": options.n,
+             "networks": [{"n": n, "d": d, **v} for (n, d), v in
+                          sorted(details.items())]}
+  return results, _sweep_lines(
+      sweeps, "(evaluation costs n * units * k MACs with units ~ n: ~n^2)")
+
+
+SUITES = {"train_step": train_step_suite, "bf16": bf16_suite,
+          "input_pipeline": input_pipeline_suite, "linear": linear_suite,
+          "construct": construct_suite}

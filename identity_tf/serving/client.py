@@ -1,0 +1,423 @@
+"""A client of TF Serving's Predict API (REST and gRPC) for exported models.
+
+`identity_tf.serving.export` writes SavedModels with two signatures, both taking one
+input named "images" and returning "probabilities" [batch, classes] float32
+and "classes" [batch] int64:
+
+* `serving_default`: float32 raw 0-255 pixels [batch, H, W, 3];
+* `predict_images`: a batch of encoded JPEG or PNG files (strings).
+
+This module builds the requests a TF Serving server understands and parses
+its answers:
+
+* REST, TF Serving's documented `POST /v1/models/NAME[/versions/N]:predict`
+  with a JSON body in the "row" format: {"signature_name": ..., "instances":
+  [...]}, where each instance is one image -- nested lists of pixel values,
+  or {"b64": "<base64 of the file>"} for `predict_images` (TF Serving decodes
+  "b64" objects into the bytes of a string tensor). The answer is
+  {"predictions": [{"probabilities": [...], "classes": k}, ...]} or
+  {"error": "..."}.
+* gRPC, `tensorflow.serving.PredictionService/Predict` with a
+  `PredictRequest` from the tensorflow-serving-api protos, its TensorProtos
+  made and read by `tf.make_tensor_proto` and `tf.make_ndarray`.
+
+Every failure a user can cause -- a file that is neither an image nor a
+.npy array, an unreachable server, an unknown model, a request the model
+rejects -- raises `ServingError` (a ValueError) with one line naming the
+problem and the fix. Nothing here runs TensorFlow ops.
+"""
+
+import base64
+import http.client
+import json
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from identity_tf.serving.contract import CLASSES_KEY
+from identity_tf.serving.contract import DEFAULT_SIGNATURE
+from identity_tf.serving.contract import IMAGES_SIGNATURE
+from identity_tf.serving.contract import INPUT_KEY
+from identity_tf.serving.contract import PROBABILITIES_KEY
+from identity_tf.serving.contract import SIGNATURES
+
+PROTOCOLS = ("rest", "grpc")
+
+# Leading bytes of the encoded formats `predict_images` decodes
+# (tf.io.decode_image: JPEG, PNG, GIF, BMP).
+_IMAGE_MAGIC = {
+    b"\xff\xd8\xff": "JPEG",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+}
+_NPY_MAGIC = b"\x93NUMPY"
+
+# An element index in the model's error messages ("images[3] is ...").
+_ELEMENT = re.compile(r"images\[(\d+)\]")
+# The text of a failed tf.debugging.Assert in a TensorFlow error message.
+_ASSERTION = re.compile(r"assertion failed: \[(.*)\]\s*$", re.MULTILINE)
+# Lines of TensorFlow error messages that only locate the failing op.
+_LOCATION_LINES = ("[[", "Detected at node", "<stack traces",
+                   "Graph execution error")
+
+
+class ServingError(ValueError):
+  """A request could not be made or was refused; the message says why."""
+
+
+# ---------------------------------------------------------------------------
+# Inputs.
+
+class Input:
+  """One argument of the client: an encoded image file or a .npy batch.
+
+  Attributes:
+    path: the file as the user named it.
+    kind: "image" or "array".
+    data: the file's bytes (image) or float32 [batch, H, W, 3] (array).
+    names: one display name per image ("cat.png", "batch.npy[3]").
+  """
+
+  def __init__(self, path, kind, data, names):
+    self.path = path
+    self.kind = kind
+    self.data = data
+    self.names = names
+
+
+def image_format(data):
+  """"JPEG", "PNG", "GIF" or "BMP" if DATA starts like one, else None."""
+  for magic, name in _IMAGE_MAGIC.items():
+    if data.startswith(magic):
+      return name
+  return None
+
+
+def read_input(path, display_name=None):
+  """The `Input` of file PATH; ServingError if it is neither image nor .npy."""
+  name = display_name or path
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise ServingError(f"cannot read {name}: {e.strerror}") from None
+  if data.startswith(_NPY_MAGIC):
+    try:
+      array = np.load(path, allow_pickle=False)
+    except ValueError as e:
+      raise ServingError(f"{name} is not a readable .npy array ({e})") from None
+    if array.ndim not in (3, 4) or array.shape[-1] != 3 or not (
+        np.issubdtype(array.dtype, np.number)):
+      raise ServingError(
+          f"{name} holds a {array.dtype} array of shape {list(array.shape)}; "
+          f"expected raw 0-255 RGB pixels [H, W, 3] or [batch, H, W, 3]")
+    if array.ndim == 3:
+      array = array[np.newaxis]
+    if array.shape[0] == 0:
+      raise ServingError(f"{name} holds an empty batch; pass at least one "
+                         f"image")
+    names = [f"{name}[{i}]" for i in range(array.shape[0])]
+    return Input(name, "array", array.astype(np.float32), names)
+  if image_format(data) is None:
+    raise ServingError(
+        f"{name} is neither a JPEG/PNG image nor a .npy array; pass image "
+        f"files or .npy arrays of raw 0-255 pixels")
+  return Input(name, "image", data, [name])
+
+
+def choose_signature(inputs, signature=None):
+  """SIGNATURE, or the one the INPUTS need; ServingError if they do not fit.
+
+  Image files go to `predict_images` (the server decodes them), arrays to
+  `serving_default`.
+  """
+  kinds = {item.kind for item in inputs}
+  if signature is None:
+    if kinds == {"image", "array"}:
+      raise ServingError(
+          "image files and .npy arrays need different signatures; pass them "
+          "in separate commands (or convert the images to .npy)")
+    return IMAGES_SIGNATURE if kinds == {"image"} else DEFAULT_SIGNATURE
+  if signature not in SIGNATURES:
+    raise ServingError(f"unknown --signature={signature}; valid: "
+                       f"{', '.join(SIGNATURES)}")
+  wanted = "image" if signature == IMAGES_SIGNATURE else "array"
+  for item in inputs:
+    if item.kind != wanted:
+      what = ("encoded JPEG/PNG files" if wanted == "image"
+              else ".npy arrays of raw 0-255 pixels")
+      raise ServingError(
+          f"{item.path}: --signature={signature} takes {what}; omit "
+          f"--signature to pick the one that fits")
+  return signature
+
+
+def request_batches(inputs, signature):
+  """The batches to send: [(inputs, batch)], batch an array or a list of bytes.
+
+  All images go in one `predict_images` request; each .npy array is its own
+  `serving_default` request (arrays of different sizes cannot share one).
+  """
+  if signature == IMAGES_SIGNATURE:
+    return [(list(inputs), [item.data for item in inputs])]
+  return [([item], item.data) for item in inputs]
+
+
+# ---------------------------------------------------------------------------
+# REST.
+
+def rest_url(server, model_name, version=None):
+  """http://SERVER/v1/models/NAME[/versions/N]:predict, TF Serving's URL."""
+  path = f"/v1/models/{urllib.parse.quote(model_name, safe='')}"
+  if version is not None:
+    path += f"/versions/{int(version)}"
+  return f"http://{server}{path}:predict"
+
+
+def rest_body(signature, batch):
+  """The JSON request (row format) of BATCH: an array or encoded files."""
+  if signature == IMAGES_SIGNATURE:
+    instances = [{"b64": base64.b64encode(data).decode("ascii")}
+                 for data in batch]
+  else:
+    instances = np.asarray(batch, np.float32).tolist()
+  return {"signature_name": signature, "instances": instances}
+
+
+def parse_rest_response(body):
+  """(probabilities [n, classes] float32, classes [n] int64) of an answer."""
+  predictions = body.get("predictions") if isinstance(body, dict) else None
+  if not isinstance(predictions, list):
+    raise ServingError(f"the server's answer has no 'predictions' list: "
+                       f"{str(body)[:200]}")
+  try:
+    probabilities = np.array([row[PROBABILITIES_KEY] for row in predictions],
+                             np.float32)
+    classes = np.array([row[CLASSES_KEY] for row in predictions], np.int64)
+  except (KeyError, TypeError, ValueError):
+    raise ServingError(
+        f"the server's predictions lack '{PROBABILITIES_KEY}' and "
+        f"'{CLASSES_KEY}': is the model an identity_tf export?") from None
+  return probabilities.reshape(len(predictions), -1), classes
+
+
+def condense_error(message):
+  """One line of a server's (often multi-line) TensorFlow error MESSAGE.
+
+  The text of a failed assertion if there is one (the model's own message,
+  e.g. "images[2] is not a decodable JPEG or PNG image"), else the lines
+  that are not just the location of the failing op.
+  """
+  match = _ASSERTION.search(message)
+  if match:
+    return match.group(1)
+  lines = [line.strip() for line in message.splitlines()]
+  kept = [line for line in lines
+          if line and not line.startswith(_LOCATION_LINES)]
+  return " ".join(kept)[:500]
+
+
+def _error_text(raw):
+  try:
+    text = str(json.loads(raw)["error"])
+  except (ValueError, KeyError, TypeError):
+    text = raw.decode("utf-8", "replace")
+  return condense_error(text)
+
+
+def rest_predict(server, model_name, signature, batch, version=None,
+                 timeout=30.0):
+  """Sends BATCH to SERVER over REST; returns (probabilities, classes)."""
+  url = rest_url(server, model_name, version)
+  data = json.dumps(rest_body(signature, batch)).encode("utf-8")
+  request = urllib.request.Request(
+      url, data=data, method="POST",
+      headers={"Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+      raw = response.read()
+  except urllib.error.HTTPError as e:
+    message = _error_text(e.read())
+    if e.code == 404:
+      raise _unknown_model(server, model_name, version, message) from None
+    raise ServingError(f"the server refused the request (HTTP {e.code}): "
+                       f"{message}") from None
+  except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+    reason = getattr(e, "reason", e)
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+      raise ServingError(
+          f"no answer from {server} within {timeout:g} s; is the server "
+          f"overloaded? (raise --timeout)") from None
+    raise ServingError(
+        f"cannot reach TF Serving's REST API at {server} ({reason}); start "
+        f"tensorflow_model_server with --rest_api_port, or check --server"
+    ) from None
+  try:
+    body = json.loads(raw)
+  except ValueError:
+    raise ServingError(f"{server} did not answer with JSON: is it TF "
+                       f"Serving's REST port?") from None
+  return parse_rest_response(body)
+
+
+def _unknown_model(server, model_name, version, message):
+  what = f"model {model_name!r}" + (
+      f" version {version}" if version is not None else "")
+  return ServingError(
+      f"{server} does not serve {what} ({message}); check --model_name "
+      f"(tensorflow_model_server's --model_name) and --model_version")
+
+
+# ---------------------------------------------------------------------------
+# gRPC.
+
+def tensor_proto(batch):
+  """A TensorProto of BATCH: array -> DT_FLOAT, list of bytes -> DT_STRING."""
+  if isinstance(batch, np.ndarray):
+    return tf.make_tensor_proto(batch.astype(np.float32))
+  return tf.make_tensor_proto(list(batch), dtype=tf.string)
+
+
+def tensor_value(proto):
+  """The numpy array of a numeric TensorProto."""
+  if proto.dtype not in (tf.float32.as_datatype_enum,
+                         tf.float64.as_datatype_enum,
+                         tf.int32.as_datatype_enum,
+                         tf.int64.as_datatype_enum):
+    raise ServingError(f"unexpected tensor dtype {proto.dtype} in the answer")
+  return tf.make_ndarray(proto)
+
+
+def grpc_request(model_name, signature, batch, version=None):
+  """The `PredictRequest` of BATCH for SIGNATURE of MODEL_NAME [VERSION]."""
+  request = predict_pb2.PredictRequest()
+  request.model_spec.name = model_name
+  request.model_spec.signature_name = signature
+  if version is not None:
+    request.model_spec.version.value = int(version)
+  request.inputs[INPUT_KEY].CopyFrom(tensor_proto(batch))
+  request.output_filter.extend([PROBABILITIES_KEY, CLASSES_KEY])
+  return request
+
+
+def parse_grpc_response(response):
+  """(probabilities, classes) of a `PredictResponse`."""
+  for key in (PROBABILITIES_KEY, CLASSES_KEY):
+    if key not in response.outputs:
+      raise ServingError(
+          f"the server's answer lacks '{key}' (it has "
+          f"{', '.join(sorted(response.outputs)) or 'no outputs'}): is the "
+          f"model an identity_tf export?")
+  probabilities = tensor_value(response.outputs[PROBABILITIES_KEY])
+  classes = tensor_value(response.outputs[CLASSES_KEY]).astype(np.int64)
+  return probabilities.astype(np.float32), classes
+
+
+def grpc_predict(server, model_name, signature, batch, version=None,
+                 timeout=30.0):
+  """Sends BATCH to SERVER over gRPC; returns (probabilities, classes)."""
+  request = grpc_request(model_name, signature, batch, version)
+  # Requests of big images exceed gRPC's default 4 MiB limit.
+  options = [("grpc.max_send_message_length", -1),
+             ("grpc.max_receive_message_length", -1)]
+  with grpc.insecure_channel(server, options=options) as channel:
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    try:
+      response = stub.Predict(request, timeout=timeout)
+    except grpc.RpcError as e:
+      code, details = e.code(), condense_error(e.details() or "")
+      if code == grpc.StatusCode.UNAVAILABLE:
+        raise ServingError(
+            f"cannot reach TF Serving's gRPC API at {server} "
+            f"({details or code.name}); start "
+            f"tensorflow_model_server with --port, or check --server"
+        ) from None
+      if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        raise ServingError(
+            f"no answer from {server} within {timeout:g} s; is it a gRPC "
+            f"port, and not overloaded? (raise --timeout)") from None
+      if code == grpc.StatusCode.NOT_FOUND:
+        raise _unknown_model(server, model_name, version, details) from None
+      raise ServingError(f"the server refused the request ({code.name}): "
+                         f"{details}") from None
+  return parse_grpc_response(response)
+
+
+# ---------------------------------------------------------------------------
+# Putting it together.
+
+def name_element(message, names):
+  """MESSAGE with "(images[i] is FILE)" appended where it names an element."""
+  match = _ELEMENT.search(message)
+  if match and int(match.group(1)) < len(names):
+    index = int(match.group(1))
+    return f"{message} (images[{index}] is {names[index]})"
+  return message
+
+
+def predict(server, model_name, inputs, *, protocol="rest", signature=None,
+            version=None, timeout=30.0):
+  """Sends INPUTS; returns [(display name, probabilities [classes])].
+
+  ServingError on any failure; when the model rejects one element, the
+  message names its file.
+  """
+  if protocol not in PROTOCOLS:
+    raise ServingError(f"unknown --protocol={protocol}; valid: "
+                       f"{', '.join(PROTOCOLS)}")
+  if not inputs:
+    raise ServingError("no inputs: pass image files or .npy arrays")
+  signature = choose_signature(inputs, signature)
+  send = rest_predict if protocol == "rest" else grpc_predict
+  results = []
+  for items, batch in request_batches(inputs, signature):
+    names = [name for item in items for name in item.names]
+    try:
+      probabilities, classes = send(server, model_name, signature, batch,
+                                    version=version, timeout=timeout)
+    except ServingError as e:
+      raise ServingError(name_element(str(e), names)) from None
+    if len(probabilities) != len(names):
+      raise ServingError(f"sent {len(names)} images but got "
+                         f"{len(probabilities)} predictions back")
+    del classes  # The top-k below starts with it.
+    results.extend(zip(names, probabilities))
+  return results
+
+
+def top_k(probabilities, k):
+  """[(class, probability)] of the K most probable classes, best first."""
+  order = np.argsort(-probabilities, kind="stable")[:k]
+  return [(int(c), float(probabilities[c])) for c in order]
+
+
+def read_class_names(model_info_path):
+  """The class names in a model_info.json, or None if it has none."""
+  try:
+    with open(model_info_path) as f:
+      info = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ServingError(f"cannot read --model_info={model_info_path}: "
+                       f"{e}") from None
+  return info.get("classes", {}).get("names")
+
+
+def format_prediction(name, probabilities, k, class_names=None):
+  """One line: NAME: the top-K classes with their probabilities."""
+  parts = []
+  for label, p in top_k(probabilities, k):
+    text = f"{label}"
+    if class_names and label < len(class_names):
+      text += f" ({class_names[label]})"
+    parts.append(f"{text} {p:.4f}")
+  return f"{name}: " + ", ".join(parts)

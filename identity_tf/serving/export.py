@@ -1,0 +1,405 @@
+"""Export of a trained run as a versioned SavedModel for TF Serving.
+
+`export_run(model_dir, export_dir)` restores the run's checkpoint
+(`checkpoints.restore_model`) and writes `EXPORT_DIR/<version>/`, the layout TF
+Serving's `--model_base_path` expects, holding:
+
+* a SavedModel whose signatures carry the run's evaluation preprocessing, so
+  clients send raw pixels or image files and never re-implement it:
+  - `serving_default`: images float32 [batch, H, W, 3], raw 0-255 values
+    (H = W = the model's input size for CIFAR-style runs, any H, W for
+    ImageNet, which is resized and centre-cropped in the graph);
+  - `predict_images`: images string [batch], encoded JPEG or PNG files (what
+    REST clients send as {"b64": ...});
+  both returning probabilities float32 [batch, classes] (softmax of the
+  model's logits) and classes int64 [batch] (the most probable class);
+* model_info.json: the facts a person deploying it needs (classes and their
+  names, input size, preprocessing, training step, preset, checkpoint).
+
+A version is written to a hidden temporary directory in EXPORT_DIR and
+renamed into place, so a crash never leaves a half-written version for a
+server to load (TF Serving only loads directories named by an integer).
+
+Requests the model cannot answer fail inside the graph with an ordinary
+InvalidArgumentError naming the element, e.g. "images[2] is not a decodable
+JPEG or PNG image": the server answers that request with an error and keeps
+serving. Wrong rank, size or dtype is rejected by the signature's input spec
+before the graph runs (and the shape is checked again inside it).
+"""
+
+import datetime
+import json
+import os
+import shutil
+import uuid
+
+import keras
+import tensorflow as tf
+
+from identity_tf import cli
+from identity_tf.data import datasets
+from identity_tf.data import preprocessing as prep
+from identity_tf.serving import contract
+
+MODEL_INFO_FILE = contract.MODEL_INFO_FILE
+# Prefixes of the hidden directories of an export in progress (or of a
+# version being replaced); TF Serving ignores them: not integers.
+_TEMPORARY_PREFIX = ".export-tmp-"
+_REPLACED_PREFIX = ".export-old-"
+
+# ---------------------------------------------------------------------------
+# Versions.
+
+def _is_local(path):
+  return "://" not in path
+
+
+def existing_versions(export_dir):
+  """The versions in EXPORT_DIR, sorted: subdirectories named by integers."""
+  if not os.path.isdir(export_dir):
+    return []
+  return sorted(int(name) for name in os.listdir(export_dir)
+                if name.isdigit() and
+                os.path.isdir(os.path.join(export_dir, name)))
+
+
+def choose_version(export_dir, version=None, overwrite=False):
+  """The version to write: VERSION, or one more than the highest existing.
+
+  Raises ValueError if VERSION exists and not OVERWRITE, or is not positive.
+  """
+  if not _is_local(export_dir):
+    raise ValueError(
+        f"--export_dir={export_dir} is not a local directory; export "
+        f"locally (the atomic rename needs a POSIX filesystem), then copy the "
+        f"finished version directory")
+  if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+    raise ValueError(f"--export_dir={export_dir} is a file, not a directory: "
+                     "give TF Serving's model base path, a directory")
+  versions = existing_versions(export_dir)
+  if version is None:
+    return (versions[-1] + 1) if versions else 1
+  version = int(version)
+  if version < 1:
+    raise ValueError(f"--version must be a positive integer, got {version}")
+  if version in versions and not overwrite:
+    raise ValueError(
+        f"version {version} already exists in {export_dir}; pass --overwrite "
+        f"or omit --version (the next is {versions[-1] + 1})")
+  return version
+
+
+def stale_temporary_dirs(export_dir):
+  """Hidden directories left in EXPORT_DIR by exports that were killed."""
+  if not os.path.isdir(export_dir):
+    return []
+  return sorted(os.path.join(export_dir, name)
+                for name in os.listdir(export_dir)
+                if name.startswith((_TEMPORARY_PREFIX, _REPLACED_PREFIX)))
+
+
+# ---------------------------------------------------------------------------
+# The serving module.
+
+def _first_index(bad):
+  """The first index at which boolean vector BAD is True (int64 max if none)."""
+  indices = tf.range(tf.size(bad, out_type=tf.int64))
+  return tf.reduce_min(tf.where(bad, indices, tf.int64.max))
+
+
+def _check_element(bad, message):
+  """An assertion that no element is BAD; MESSAGE has {} for the first index.
+
+  The failure is an InvalidArgumentError of this one request ("assertion
+  failed: [images[3] ...]"): a server answers it with an error and goes on.
+  """
+  text = tf.strings.format(message, _first_index(bad))
+  return tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [text])
+
+
+class ServingModule:
+  """MODEL plus its preprocessing as the two serving functions."""
+
+  def __init__(self, model, preprocessing):
+    self.model = model
+    self._preprocessing = dict(preprocessing)
+    self._size = int(preprocessing["image_size"])
+    # The raw images the model was trained on: [H, W, C] for CIFAR-style
+    # models (zero-padded in the graph), [None, None, C] for ImageNet-style
+    # ones (resized and cropped in the graph).
+    self._input_shape = datasets.input_shape(self._preprocessing)
+    self._fixed_size = preprocessing["kind"] == "cifar"
+
+  def input_signatures(self):
+    """{signature name: (function, input signature)}."""
+    return {
+        contract.DEFAULT_SIGNATURE: (self._serve_pixels, [
+            tf.TensorSpec([None, *self._input_shape], tf.float32,
+                          name=contract.INPUT_KEY)]),
+        contract.IMAGES_SIGNATURE: (self._serve_encoded, [
+            tf.TensorSpec([None], tf.string,
+                          name=contract.INPUT_KEY)]),
+    }
+
+  def save(self, path):
+    """Writes the SavedModel to PATH.
+
+    Keras's ExportArchive tracks the model's variables so that the
+    SavedModel also loads in TF1-style sessions, which is how TF Serving
+    and `saved_model_cli run` load it (a plain tf.Module holding the Keras
+    model loads in TF2 but not there: "Could not find variable").
+    """
+    archive = keras.export.ExportArchive()
+    archive.track(self.model)
+    for name, (function, signature) in self.input_signatures().items():
+      archive.add_endpoint(name, function, input_signature=signature)
+    archive.write_out(path, verbose=False)
+
+  def _outputs(self, pixels):
+    """{probabilities, classes} of preprocessed PIXELS [batch, S, S, 3]."""
+    logits = tf.cast(self.model(pixels, training=False), tf.float32)
+    return {
+        contract.PROBABILITIES_KEY: tf.nn.softmax(logits, axis=-1),
+        contract.CLASSES_KEY: tf.argmax(logits, axis=-1,
+                                              output_type=tf.int64),
+    }
+
+  def _check_batch(self, images):
+    return tf.debugging.Assert(
+        tf.size(images) > 0,
+        ["images is empty: send at least one image with at least one pixel"])
+
+  def _serve_pixels(self, images):
+    """serving_default: raw 0-255 float32 pixels [batch, H, W, 3]."""
+    # The input spec already says this; a server feeding the graph directly
+    # (TF Serving's C++ session) gets the check at run time too.
+    images = tf.ensure_shape(images, [None, *self._input_shape])
+    out_of_range = tf.reduce_any(
+        tf.logical_not(tf.logical_and(images >= 0.0, images <= 255.0)),
+        axis=[1, 2, 3])  # NaN compares false: caught too.
+    checks = [
+        self._check_batch(images),
+        _check_element(
+            out_of_range,
+            "images[{}] has values outside 0-255: send raw pixel values; the "
+            "model standardises them itself"),
+    ]
+    with tf.control_dependencies(checks):
+      images = tf.identity(images)
+    return self._outputs(prep.preprocess_for_eval(
+        images, self._preprocessing))
+
+  def _serve_encoded(self, images):
+    """predict_images: encoded JPEG/PNG files [batch]."""
+    size = self._size
+    height, width, channels = self._input_shape
+    count = tf.shape(images, out_type=tf.int64)[0]
+
+    # Each file is decoded and preprocessed as one element of a tf.data
+    # pipeline whose decoding errors are dropped (`ignore_errors`) instead of
+    # failing the request anonymously; the indices that come out tell which
+    # element was bad, and an assertion names it.
+    def decode(index, encoded):
+      # Decoding to the model's channels turns colour into grey (or grey
+      # into colour) as the training data was.
+      image = tf.io.decode_image(encoded, channels=channels,
+                                 expand_animations=False)
+      height_width = tf.shape(image)[:2]
+      if self._fixed_size:  # Checked below; any shape may pass through here.
+        image = tf.image.resize_with_crop_or_pad(image, height, width)
+      pixels = prep.preprocess_for_eval(
+          image[tf.newaxis], self._preprocessing)[0]
+      return index, pixels, height_width
+
+    elements = tf.data.Dataset.from_tensor_slices(
+        (tf.range(count), images)).map(
+            decode, num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True).ignore_errors()
+    empty = (tf.zeros([0], tf.int64), tf.zeros([0, size, size, 3]),
+             tf.zeros([0, 2], tf.int32))
+    indices, pixels, sizes = elements.batch(1024).reduce(
+        empty, lambda seen, batch: tuple(
+            tf.concat([a, b], 0) for a, b in zip(seen, batch)))
+    decoded = tf.scatter_nd(indices[:, tf.newaxis],
+                            tf.ones_like(indices, tf.bool), [count])
+    checks = [
+        tf.debugging.Assert(count > 0,
+                            ["images is empty: send at least one image"]),
+        _check_element(
+            tf.logical_not(decoded),
+            "images[{}] is not a decodable JPEG or PNG image"),
+    ]
+    if self._fixed_size:
+      with tf.control_dependencies(checks):
+        wrong_size = tf.reduce_any(
+            tf.not_equal(sizes, tf.constant([height, width])), axis=1)
+        checks.append(_check_element(
+            wrong_size,
+            f"images[{{}}] is not {height}x{width} pixels, the size this "
+            f"model takes: resize it first"))
+    with tf.control_dependencies(checks):
+      pixels = tf.ensure_shape(tf.identity(pixels), [None, size, size, 3])
+    return self._outputs(pixels)
+
+
+# ---------------------------------------------------------------------------
+# model_info.json.
+
+def model_info(description, step, *, version, checkpoint=None,
+               num_classes=None):
+  """The human-readable facts of an export (written as model_info.json)."""
+  config = description.get("config", {})
+  dataset = description.get("dataset", {})
+  preprocessing = description["preprocessing"]
+  num_classes = num_classes or dataset.get("num_classes")
+  # The label names as the dataset gives them (TFDS's ClassLabel), recorded
+  # by training in config.json.
+  names = dataset.get("class_names")
+  if names is not None and len(names) != num_classes:
+    raise ValueError(
+        f"the model has {num_classes} classes but {dataset.get('name')} has "
+        f"{len(names)} label names; is config.json from this run?")
+  size = int(preprocessing["image_size"])
+  fixed = preprocessing["kind"] == "cifar"
+  height, width, channels = datasets.input_shape(preprocessing)
+  pixel_shape = [-1, height or -1, width or -1, channels]
+  colour = "grayscale" if channels == 1 else "RGB"
+  return {
+      "version": version,
+      "model": description.get("model", {}),
+      "preset": config.get("preset"),
+      "step": int(step),
+      "checkpoint": checkpoint,
+      "dataset": dataset.get("name") or config.get("dataset"),
+      "classes": {"count": num_classes, "names": names},
+      "input": {
+          "image_size": size,
+          "accepts": (f"{height}x{width} {colour} images"
+                      + (f" (zero-padded to {size}x{size})"
+                         if (height, width) != (size, size) else "")
+                      if fixed else
+                      f"{colour} images of any size (resized so the shorter "
+                      f"side is {preprocessing.get('resize')}, centre-cropped "
+                      f"to {size}x{size})"),
+      },
+      "preprocessing": preprocessing,
+      "signatures": {
+          contract.DEFAULT_SIGNATURE: {
+              "inputs": {contract.INPUT_KEY: {
+                  "dtype": "float32", "shape": pixel_shape,
+                  "values": f"raw {colour} pixels, 0-255"}},
+              "outputs": _outputs_info(num_classes)},
+          contract.IMAGES_SIGNATURE: {
+              "inputs": {contract.INPUT_KEY: {
+                  "dtype": "string", "shape": [-1],
+                  "values": "encoded JPEG or PNG files (REST: {\"b64\": ...})"
+              }},
+              "outputs": _outputs_info(num_classes)},
+      },
+      "exported_at": datetime.datetime.now(datetime.timezone.utc).strftime(
+          "%Y-%m-%dT%H:%M:%SZ"),
+      "tensorflow_version": tf.__version__,
+  }
+
+
+def _outputs_info(num_classes):
+  return {
+      contract.PROBABILITIES_KEY: {
+          "dtype": "float32", "shape": [-1, num_classes],
+          "values": "softmax of the logits"},
+      contract.CLASSES_KEY: {
+          "dtype": "int64", "shape": [-1],
+          "values": "the most probable class"},
+  }
+
+
+# ---------------------------------------------------------------------------
+# Writing a version.
+
+def export_model(model, description, step, export_dir, *, version=None,
+                 overwrite=False, checkpoint=None):
+  """Writes MODEL as version VERSION (default: the next) of EXPORT_DIR.
+
+  Args:
+    model: the Keras model (images -> logits), e.g. from
+      `checkpoints.restore_model`.
+    description: the run's config.json dict (needs "preprocessing"; "config",
+      "dataset" and "model" feed model_info.json).
+    step: the checkpoint's global step.
+    export_dir: TF Serving's model base path; created if missing.
+    version: an integer; None for one more than the highest existing.
+    overwrite: replace VERSION if it exists.
+    checkpoint: the checkpoint path, recorded in model_info.json.
+
+  Returns:
+    (version, path of the version directory).
+
+  Raises:
+    ValueError: VERSION exists (and not OVERWRITE), or a bad argument.
+  """
+  export_dir = os.path.abspath(export_dir) if _is_local(export_dir) else (
+      export_dir)
+  version = choose_version(export_dir, version, overwrite)
+  num_classes = int(model.output_shape[-1])
+  info = model_info(description, step, version=version, checkpoint=checkpoint,
+                    num_classes=num_classes)
+  module = ServingModule(model, description["preprocessing"])
+  os.makedirs(export_dir, exist_ok=True)
+  temporary = os.path.join(
+      export_dir, f"{_TEMPORARY_PREFIX}{version}-{uuid.uuid4().hex[:8]}")
+  os.mkdir(temporary)
+  try:
+    module.save(temporary)
+    with open(os.path.join(temporary, MODEL_INFO_FILE), "w") as f:
+      f.write(json.dumps(info, indent=2) + "\n")
+    _move_into_place(temporary, export_dir, version, overwrite)
+  except BaseException:
+    shutil.rmtree(temporary, ignore_errors=True)
+    raise
+  return version, os.path.join(export_dir, str(version))
+
+
+def _move_into_place(temporary, export_dir, version, overwrite):
+  """Renames TEMPORARY to EXPORT_DIR/VERSION: one atomic step on POSIX."""
+  final = os.path.join(export_dir, str(version))
+  replaced = None
+  if overwrite and os.path.exists(final):
+    replaced = os.path.join(
+        export_dir, f"{_REPLACED_PREFIX}{version}-{uuid.uuid4().hex[:8]}")
+    os.rename(final, replaced)
+  try:
+    # rename(2) refuses to replace a non-empty directory: if another export
+    # took this version meanwhile, we fail rather than mix the two.
+    os.rename(temporary, final)
+  except OSError:
+    if replaced is not None:
+      os.rename(replaced, final)
+    if os.path.exists(final):
+      raise ValueError(
+          f"version {version} appeared in {export_dir} while exporting "
+          f"(another export?); run again for the next version") from None
+    raise
+  if replaced is not None:
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
+               overwrite=False, echo=None):
+  """Exports MODEL_DIR's CHECKPOINT (default: the newest intact one; ECHO
+  hears of damaged newer ones); see export_model.
+
+  Returns (version, path, model_info dict).
+  """
+  from identity_tf.training import checkpoints  # pylint: disable=g-import-not-at-top
+  choose_version(export_dir, version, overwrite)  # Fail before restoring.
+  if not tf.io.gfile.isdir(model_dir):
+    raise ValueError(f"--model_dir={model_dir} does not exist; pass the "
+                     f"directory of a training run ({cli.command('train')})")
+  path = checkpoints.find_checkpoint(model_dir, checkpoint, echo)
+  model, run, step = checkpoints.restore_checkpoint(model_dir, path)
+  version, version_dir = export_model(
+      model, run.description(), step, export_dir, version=version,
+      overwrite=overwrite, checkpoint=path)
+  with open(os.path.join(version_dir, MODEL_INFO_FILE)) as f:
+    info = json.load(f)
+  return version, version_dir, info

@@ -1,0 +1,47 @@
+"""The contrast to the construction: the same architecture trained by SGD."""
+
+import keras
+import numpy as np
+
+from identity_tf.theory import construction
+from identity_tf.theory import construction_model
+
+
+def train_by_sgd(x, y, num_classes, k, num_units, steps, batch_size=128,
+                 learning_rate=0.1, seed=0, log=None):
+  """The contrast: the same architecture trained by SGD from the paper's init.
+
+  Same normalisation and a fixed Gaussian A0 (as in the construction), L
+  DenseResidualUnits of width k and a ReLU readout with r hidden units,
+  initialised with the paper's Gaussian (std 1/k), trained on the
+  cross-entropy with SGD + momentum 0.9. Returns a list of (step, training
+  accuracy) every `steps // 20` steps, float32 for speed.
+  """
+  log = log or (lambda message: None)
+  x, y, r = construction.validate(x, y, num_classes)
+  mu, s, t = construction.normalization(x)
+  dim = x.shape[1] + 1
+  a0, _, _ = construction.draw_projection(np.random.default_rng((seed, 0)),
+                                          k, dim, r)
+  keras.utils.set_random_seed(seed)
+  model = construction_model.build_architecture(x.shape[1], k, num_units, r, r, init="paper",
+                             dtype="float32", seed=seed)
+  model.projection.set_values(mu, s, t, a0)
+  model.compile(
+      optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x32 = x.astype(np.float32)
+  rng = np.random.default_rng(seed)
+  history = []
+  every = max(1, steps // 20)
+  for step in range(1, steps + 1):
+    batch = rng.integers(0, len(x), size=min(batch_size, len(x)))
+    model.train_on_batch(x32[batch], y[batch])
+    if step % every == 0 or step == steps:
+      logits = np.asarray(model(x32))
+      fit = float(np.mean(np.argmax(logits, axis=1) == y))
+      history.append((step, fit))
+      log(f"  sgd step {step}: training accuracy {fit:.4f}")
+      if fit == 1.0:
+        break
+  return history

@@ -1,0 +1,364 @@
+"""A run's checkpoints: found, verified, quarantined, saved and restored.
+
+Checkpoints `ckpt-<step>` are written by a `tf.train.CheckpointManager`
+over the model, the optimizer and, where tf.data allows, the input
+iterator (`trainer`), each with a `ckpt-<step>.sha256` of its files
+(`write_digest`). They are found from the files on disk, not from
+TensorFlow's `checkpoint` state file, and checked before use (`damage`,
+`intact_checkpoints`), so that a damaged or half-written checkpoint is never
+restored and never hides the intact ones before it: damaged ones are moved
+to MODEL_DIR/damaged/ (`quarantine`) and the state file is rewritten to list
+the intact ones (`record_checkpoints`), which is what the manager resumes
+and rotates. One training at a time holds a model_dir (`lock`).
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+
+import tensorflow as tf
+
+from identity_tf import model as model_lib
+from identity_tf.training import run as run_lib
+
+CHECKPOINT_PREFIX = "ckpt"
+# Where training moves checkpoints it found damaged (kept, never deleted).
+DAMAGED_DIR = "damaged"
+LOCK_FILE = ".train.lock"
+
+
+# ---------------------------------------------------------------------------
+# The directory.
+
+def check_writable(model_dir):
+  """MODEL_DIR, created if need be; ValueError (one line) if it cannot hold
+  a run: a file, or a directory this process cannot write."""
+  if "://" in model_dir:
+    return model_dir
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise ValueError(f"--model_dir={model_dir} is a file, not a directory; "
+                     "pick another --model_dir")
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+    probe = os.path.join(model_dir, f".write-test-{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(f"--model_dir={model_dir} is not writable "
+                     f"({e.strerror}); pick another --model_dir or fix its "
+                     "permissions") from None
+  return model_dir
+
+
+@contextlib.contextmanager
+def lock(model_dir):
+  """Holds MODEL_DIR for one training; ValueError if another holds it.
+
+  An exclusive `flock` on MODEL_DIR/.train.lock: released by the operating
+  system when the process ends, however it ends, so a lock is never left
+  stale. Filesystems that TensorFlow alone reads (gs://) are not locked.
+  """
+  if "://" in model_dir:
+    yield
+    return
+  path = os.path.join(model_dir, LOCK_FILE)
+  with open(path, "a+") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or "another process"
+      raise ValueError(f"--model_dir={model_dir} is in use by another training "
+                       f"({holder}); wait for it to finish or stop it, or "
+                       "use another --model_dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+    f.flush()
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints.
+
+def checkpoint_step(path):
+  """The global step of checkpoint PATH (named ckpt-<step>)."""
+  return int(os.path.basename(path).rsplit("-", 1)[1])
+
+
+def checkpoint_prefixes(model_dir):
+  """The checkpoints in MODEL_DIR, newest first: every ckpt-<step> that has
+  an index or a data file (one without the other is damaged)."""
+  steps = {}
+  pattern = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-*")
+  for path in tf.io.gfile.glob(pattern):
+    name = os.path.basename(path)
+    stem = name.split(".", 1)[0]
+    if "." not in name or not stem[len(CHECKPOINT_PREFIX) + 1:].isdigit():
+      continue  # ckpt-40_temp/ and the like: not a checkpoint.
+    steps[int(stem[len(CHECKPOINT_PREFIX) + 1:])] = os.path.join(model_dir,
+                                                                  stem)
+  return [steps[step] for step in sorted(steps, reverse=True)]
+
+
+def _files(prefix):
+  return sorted(tf.io.gfile.glob(prefix + ".index") +
+                tf.io.gfile.glob(prefix + ".data-*"))
+
+
+def _sha256(path):
+  digest = hashlib.sha256()
+  with tf.io.gfile.GFile(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def write_digest(prefix):
+  """Records the SHA-256 of checkpoint PREFIX's files in PREFIX.sha256.
+
+  TensorFlow's bundle checksums cover each tensor; the digest covers every
+  byte, the index and the input iterator's state included.
+  """
+  digests = {os.path.basename(path): _sha256(path) for path in _files(prefix)}
+  with tf.io.gfile.GFile(prefix + ".sha256.tmp", "w") as f:
+    json.dump(digests, f, indent=1, sort_keys=True)
+  tf.io.gfile.rename(prefix + ".sha256.tmp", prefix + ".sha256",
+                     overwrite=True)
+
+
+def damage(prefix):
+  """Why checkpoint PREFIX cannot be restored (one line), or None if intact.
+
+  Checks that the index and every data shard are there, the recorded
+  SHA-256 of every file (`write_digest`) where there is one, and, with
+  TensorFlow's own reader, that every tensor reads back with its checksum.
+  """
+  index = prefix + ".index"
+  if not tf.io.gfile.exists(index):
+    return "its .index file is missing"
+  data = [p for p in _files(prefix) if p != index]
+  if not data:
+    return "its .data file is missing"
+  shards = int(data[0].rsplit("-of-", 1)[1])
+  if len(data) != shards:
+    return f"{shards - len(data)} of its {shards} data shards are missing"
+  if tf.io.gfile.exists(prefix + ".sha256"):
+    try:
+      with tf.io.gfile.GFile(prefix + ".sha256") as f:
+        recorded = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+      return "its .sha256 record is unreadable"
+    for path in _files(prefix):
+      name = os.path.basename(path)
+      if recorded.get(name) != _sha256(path):
+        return f"{name} does not match its recorded SHA-256"
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    for name, dtype in reader.get_variable_to_dtype_map().items():
+      # The input iterator's state is a variant, which the reader cannot
+      # return; the SHA-256 record covers its bytes.
+      if dtype != tf.variant:
+        reader.get_tensor(name)
+  except (tf.errors.OpError, IndexError, ValueError) as e:
+    return f"TensorFlow cannot read it ({str(e).splitlines()[0][:160]})"
+  return None
+
+
+def intact_checkpoints(model_dir, echo=None):
+  """([intact checkpoint prefixes, newest first], {damaged prefix: reason}).
+
+  Only the newest ones are checked until one is intact (older ones are
+  assumed as good as they were when training moved past them); ECHO
+  receives one line per damaged checkpoint.
+  """
+  intact, damaged = [], {}
+  for prefix in checkpoint_prefixes(model_dir):
+    if not intact:
+      reason = damage(prefix)
+      if reason:
+        damaged[prefix] = reason
+        if echo:
+          echo(f"{os.path.basename(prefix)} is damaged: {reason}")
+        continue
+    intact.append(prefix)
+  return intact, damaged
+
+
+def quarantine(model_dir, damaged):
+  """Moves the files of DAMAGED checkpoints into MODEL_DIR/damaged/<time>/.
+
+  Kept, not deleted: a damaged checkpoint may still be worth a look. Also
+  removes the `ckpt-<step>_temp` directories of interrupted saves.
+  """
+  if damaged:
+    target = os.path.join(model_dir, DAMAGED_DIR,
+                          time.strftime("%Y%m%d-%H%M%S"))
+    tf.io.gfile.makedirs(target)
+    for prefix in damaged:
+      for path in tf.io.gfile.glob(prefix + ".*"):
+        tf.io.gfile.rename(path, os.path.join(target, os.path.basename(path)),
+                           overwrite=True)
+  for path in tf.io.gfile.glob(os.path.join(model_dir,
+                                            f"{CHECKPOINT_PREFIX}-*_temp*")):
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
+
+
+def remove_checkpoint(model_dir, step):
+  """Removes every file of checkpoint STEP in MODEL_DIR (a failed save)."""
+  prefix = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-{step}")
+  for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(
+      prefix + "_temp*"):
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
+    else:
+      tf.io.gfile.remove(path)
+
+
+def prune_digests(model_dir):
+  """Removes the .sha256 records of checkpoints that rotation deleted."""
+  for path in tf.io.gfile.glob(os.path.join(model_dir,
+                                            f"{CHECKPOINT_PREFIX}-*.sha256")):
+    if not tf.io.gfile.exists(path[:-len(".sha256")] + ".index"):
+      tf.io.gfile.remove(path)
+
+
+def record_checkpoints(model_dir, intact):
+  """Rewrites TensorFlow's `checkpoint` state file to list INTACT (newest
+  first), whatever the file held: the list the CheckpointManager resumes
+  and rotates (oldest deleted first, beyond keep_checkpoints), each
+  checkpoint with its index's time."""
+  path = os.path.join(model_dir, "checkpoint")
+  if not intact:
+    if tf.io.gfile.exists(path):
+      tf.io.gfile.remove(path)
+    return
+  oldest_first = list(reversed(intact))
+  # Relative names, as the CheckpointManager itself writes them.
+  tf.compat.v1.train.update_checkpoint_state(
+      model_dir, os.path.basename(intact[0]),
+      all_model_checkpoint_paths=[os.path.basename(p) for p in oldest_first],
+      all_model_checkpoint_timestamps=[
+          tf.io.gfile.stat(p + ".index").mtime_nsec / 1e9
+          for p in oldest_first])
+
+
+def resume_point(model_dir, chief=True, echo=None):
+  """The checkpoint a training in MODEL_DIR resumes from (None: start).
+
+  The chief moves damaged checkpoints aside and rewrites the state file to
+  list the intact ones; ValueError (nothing changed) if there are
+  checkpoints but none is intact: training does not start again from step
+  0 over them.
+  """
+  intact, damaged = intact_checkpoints(model_dir, echo)
+  if damaged and not intact:
+    raise ValueError(
+        f"--model_dir={model_dir} holds checkpoints but none is intact ("
+        + "; ".join(f"{os.path.basename(p)}: {r}" for p, r in damaged.items())
+        + "); nothing was changed: restore them from a copy, or use a new "
+        "--model_dir (training does not start again from step 0 over them)")
+  if chief:
+    quarantine(model_dir, damaged)
+    record_checkpoints(model_dir, intact)
+    if damaged and echo:
+      echo(f"moved {', '.join(os.path.basename(p) for p in damaged)} to "
+           f"{os.path.join(model_dir, DAMAGED_DIR)}/; resuming from "
+           f"{os.path.basename(intact[0])}, the newest intact checkpoint")
+  return intact[0] if intact else None
+
+
+def save(manager, step, directory):
+  """MANAGER's checkpoint of STEP in DIRECTORY, with its digest; its path.
+
+  A save that fails (a full disk, say) removes what it had written, so that
+  it is not mistaken for a checkpoint, and raises ValueError (one line)
+  naming the newest checkpoint that was written.
+  """
+  try:
+    path = manager.save(checkpoint_number=step)
+    write_digest(path)
+    prune_digests(directory)
+  except (OSError, tf.errors.OpError) as e:
+    remove_checkpoint(directory, step)
+    reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+    # The manager may already list the removed checkpoint (the failure came
+    # after its save): name what is on disk.
+    newest = checkpoint_prefixes(directory)
+    raise ValueError(
+        f"could not write the checkpoint of step {step} in {directory} "
+        f"({reason}); {last_written(newest[0] if newest else None)}; free "
+        "space (or fix the directory) and run the same command to "
+        "resume") from e
+  return path
+
+
+def last_written(manager_or_path):
+  """What a stopped run says of its newest checkpoint (a CheckpointManager's
+  latest, or a path prefix; None: there is none)."""
+  latest = getattr(manager_or_path, "latest_checkpoint", manager_or_path)
+  if latest:
+    return (f"stopped; the latest checkpoint, written before it with finite "
+            f"weights, is {latest} (step {checkpoint_step(latest)})")
+  return "stopped; no checkpoint was written"
+
+
+def find_checkpoint(model_dir, checkpoint=None, echo=None):
+  """Path prefix of CHECKPOINT (a prefix, a file or a step), or the newest
+  intact one (damaged newer ones are skipped, named to ECHO)."""
+  if checkpoint is None:
+    intact, damaged = intact_checkpoints(model_dir, echo)
+    if not intact:
+      if damaged:
+        raise ValueError(
+            f"no intact checkpoint in --model_dir={model_dir}: "
+            + "; ".join(f"{os.path.basename(p)}: {r}"
+                        for p, r in damaged.items()))
+      raise ValueError(f"no checkpoint in --model_dir={model_dir} yet; train "
+                       f"first (bin/train) or wait for one")
+    return intact[0]
+  checkpoint = str(checkpoint)
+  if checkpoint.isdigit():
+    checkpoint = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-{checkpoint}")
+  elif not os.path.isabs(checkpoint) and "://" not in checkpoint and not (
+      tf.io.gfile.exists(checkpoint + ".index")):
+    checkpoint = os.path.join(model_dir, checkpoint)
+  for suffix in (".index", ".data-00000-of-00001"):
+    if checkpoint.endswith(suffix):
+      checkpoint = checkpoint[:-len(suffix)]
+  if not tf.io.gfile.exists(checkpoint + ".index"):
+    raise ValueError(f"no checkpoint {checkpoint} (--checkpoint takes a step "
+                     f"number, ckpt-<step> or a path prefix)")
+  reason = damage(checkpoint)
+  if reason:
+    raise ValueError(f"checkpoint {checkpoint} is damaged: {reason}")
+  return checkpoint
+
+
+def restore_model(model_dir, checkpoint=None, echo=None):
+  """(model, run, global step) of MODEL_DIR's CHECKPOINT.
+
+  CHECKPOINT: None (the newest intact one; ECHO hears of damaged newer
+  ones), a step, `ckpt-<step>` or a path prefix. The model is rebuilt from
+  config.json (`run.read`); only its weights are read (not the optimizer or
+  the input position).
+  """
+  return restore_checkpoint(model_dir,
+                            find_checkpoint(model_dir, checkpoint, echo))
+
+
+def restore_checkpoint(model_dir, path):
+  """`restore_model` of PATH, a prefix `find_checkpoint` has already found
+  and verified (verifying reads every byte: not twice)."""
+  run = run_lib.read(model_dir)
+  model = model_lib.build_model(run.model_name, **run.model_options)
+  tf.train.Checkpoint(model=model).read(path).expect_partial()
+  return model, run, checkpoint_step(path)

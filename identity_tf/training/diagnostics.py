@@ -1,0 +1,141 @@
+"""What shows a divergence coming, and the line that stops a diverged run.
+
+A residual network without normalisation diverges by a stage's
+activations or the gradient growing over a few hundred steps
+(docs/results.md). The training step (`step.make_train_step`) measures, at
+every step, the global gradient norm, the largest update/weight ratio and
+the RMS of each stage's activations (`watched_activations`); the loop sums
+them over the steps between two progress lines (`Window`) and reports the
+size of each stage's residual branches (`residual_branch_norms`). When a
+loss becomes NaN, `nonfinite_message` says where it began and what came
+before it.
+"""
+
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import model as model_lib
+from identity_tf.training import metrics
+
+
+class NonFiniteLossError(ValueError):
+  """The training loss became NaN or infinite; the run was stopped.
+
+  `step` is the global step at which it first happened.
+  """
+
+  def __init__(self, message, step=None):
+    super().__init__(message)
+    self.step = step
+
+
+def residual_branch_norms(model):
+  """{stage number: max over the stage's units of ||C2||_2}.
+
+  (Times the branch's scalar multiplier under SkipInit and Fixup.)
+
+  For residual unit x -> x + C2(ReLU(C1 x)) we take C2's kernel [k, k, c, c]
+  reshaped to a (k k c) x c matrix and its spectral norm (largest singular
+  value). This is the convolutional analogue of the paper's |||A||| =
+  max_i ||A_i|| (Section 2: the largest spectral norm of the residual
+  layers), whose smallness Theorems 2.1-2.2 are about: a residual network
+  near the identity. C2 is the weight that is zero when the unit is exactly
+  the identity (Section 4). Per stage, so depth- and width-changing stages
+  are not mixed.
+  """
+  stages = {}
+  for layer in model.layers:
+    name = layer.name
+    if not (name.startswith("stage") and "_unit" in name and
+            hasattr(layer, "conv2")):
+      continue
+    stage = int(name[len("stage"):name.index("_unit")])
+    kernel = tf.convert_to_tensor(layer.conv2.kernel)
+    matrix = tf.reshape(kernel, [-1, kernel.shape[-1]])
+    norm = float(tf.linalg.svd(matrix, compute_uv=False)[0])
+    # SkipInit's and Fixup's scalar multipliers are part of the branch's C2.
+    for gain in ("branch_gain", "scale"):
+      if hasattr(layer, gain):
+        norm *= abs(float(keras.ops.convert_to_numpy(getattr(layer, gain))))
+    stages[stage] = max(stages.get(stage, 0.0), norm)
+  return stages
+
+
+def all_finite(variables):
+  """Whether every entry of VARIABLES is finite."""
+  return all(bool(tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v))))
+             for v in variables)
+
+
+def watched_activations(model):
+  """Names of the activations a training step watches, in forward order."""
+  return list(model_lib.activation_probe(model).output.keys())
+
+
+class Window:
+  """The steps since the last progress line: what the line reports."""
+
+  def __init__(self, watched):
+    self.watched = watched
+    self.last = None  # The last line's record: what preceded a NaN.
+    self.reset()
+
+  def reset(self):
+    self.sums = np.zeros(3)
+    self.peaks = np.full(2 + len(self.watched), -np.inf)
+    self.start = time.time()
+
+  def add(self, out):
+    self.sums += out["sums"]
+    self.peaks = np.maximum(self.peaks, out["peaks"])
+
+  def record(self, step, train_steps, learning_rate):
+    """The progress line's JSON object; starts a new window."""
+    loss, top1 = self.sums[0] / self.sums[2], self.sums[1] / self.sums[2]
+    rate = self.sums[2] / max(time.time() - self.start, 1e-9)
+    rounded = metrics.round_value
+    self.last = {
+        "step": step, "train_steps": train_steps, "loss": rounded(loss),
+        "top1": rounded(top1), "lr": rounded(learning_rate),
+        "images_per_second": round(rate, 1),
+        "grad_norm": rounded(self.peaks[0]),
+        "update_ratio": rounded(self.peaks[1]),
+        "activation_rms": {name: rounded(value) for name, value in
+                           zip(self.watched, self.peaks[2:])}}
+    self.reset()
+    return self.last
+
+
+def nonfinite_message(out, step, watched, last_record, last_good):
+  """The one line that stops a diverged run: where and when, and what to do."""
+  first_step, index = (int(v) for v in out["first_nonfinite"])
+  if first_step < 0:  # Finite activations and gradients, infinite loss.
+    where, first_step = "the loss", step
+  elif index < len(watched):
+    where = f"the activations of {watched[index]}"
+  else:
+    where = "the gradient"
+  before = ""
+  if last_record:
+    rms = ", ".join(f"{k} {v:.3g}"
+                    for k, v in last_record["activation_rms"].items())
+    before = (f"; before it: gradient norm up to "
+              f"{last_record['grad_norm']:.3g}, activation RMS {rms}")
+  return (f"the training loss became {out['sums'][0]} at step {first_step}: "
+          f"{where} became NaN or infinite first{before}; {last_good}; lower "
+          f"--learning_rate or add a stabiliser (e.g. --grad_clip_norm=1; "
+          f"docs/training.md)")
+
+
+def check_finite(out, step, watched, window, last_written):
+  """Raises NonFiniteLossError if the steps that gave OUT (`step`'s dict)
+  met a NaN or infinity: the message says where it began and what came
+  before it (WINDOW's last record); LAST_WRITTEN, what the run keeps."""
+  first = int(out["first_nonfinite"][0])
+  if first >= 0 or not np.isfinite(out["sums"][0]):
+    raise NonFiniteLossError(
+        nonfinite_message(out, step, watched, window.last, last_written),
+        step=first if first >= 0 else step)

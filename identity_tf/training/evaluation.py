@@ -1,0 +1,134 @@
+"""Evaluation: loss and top-1/top-5 accuracy on a dataset's held-out split.
+
+`make_evaluator` is what training evaluates with; `evaluate_run` is what
+//bin:evaluate does: a run's checkpoint (or, with `watch`, each new one as
+it appears) on its own dataset or another one with the same classes.
+"""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf.data import datasets
+from identity_tf.data import pipeline
+from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import metrics
+from identity_tf.training import run as run_lib
+
+
+def make_evaluator(model, dataset, *, data_dir=None, batch_size=500,
+                   num_examples=None, preprocessing=None, info=None):
+  """A function () -> `evaluate`'s result for MODEL's current weights.
+
+  The evaluation pipeline is built once (for an in-memory dataset: read
+  once), so a training run can evaluate every few steps cheaply. INFO is
+  DATASET's `datasets.DatasetInfo` if the caller has it.
+  """
+  info = info or tfds_data.dataset_info(dataset, data_dir)
+  if info.eval_split is None:
+    raise ValueError(f"{dataset} has neither a 'validation' nor a 'test' "
+                     "split to evaluate on")
+  ds = pipeline.build_dataset(
+      dataset, info.eval_split, batch_size, training=False, data_dir=data_dir,
+      num_examples=num_examples, preprocessing=preprocessing)
+  top_k = min(5, info.num_classes)
+
+  @tf.function
+  def batch_sums(images, labels):
+    logits = model(images, training=False)
+    loss = keras.losses.sparse_categorical_crossentropy(
+        labels, logits, from_logits=True)
+    top1 = tf.math.in_top_k(labels, logits, 1)
+    top5 = tf.math.in_top_k(labels, logits, top_k)
+    return tf.stack([tf.reduce_sum(loss),
+                     tf.reduce_sum(tf.cast(top1, tf.float32)),
+                     tf.reduce_sum(tf.cast(top5, tf.float32)),
+                     tf.cast(tf.size(labels), tf.float32)])
+
+  def run():
+    sums = np.zeros(4, np.float64)
+    for images, labels in ds:
+      sums += batch_sums(images, labels).numpy()
+    count = int(sums[3])
+    if count == 0:
+      raise ValueError(f"the {info.eval_split} split of {dataset} is empty")
+    return {"loss": sums[0] / count, "top1": sums[1] / count,
+            "top5": sums[2] / count, "examples": count}
+  return run
+
+
+def evaluate(model, dataset, **options):
+  """Loss and accuracy of MODEL on DATASET's evaluation split, one pass.
+
+  Returns {"loss": mean cross-entropy (no weight decay), "top1", "top5":
+  fractions, "examples": count}. Runs on one device. OPTIONS are
+  `make_evaluator`'s.
+  """
+  return make_evaluator(model, dataset, **options)()
+
+
+def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
+                 batch_size=500, num_examples=None, write_summaries=True,
+                 watch=False, watch_timeout=600.0, watch_interval=5.0,
+                 emit=print, note=print):
+  """Evaluates MODEL_DIR's CHECKPOINT (default: the newest intact one).
+
+  DATASET (default: the run's own) may be another dataset with the same
+  classes: it is read with its own preprocessing at the model's input
+  size. EMIT receives one dict per evaluation (global_step, dataset, loss,
+  top1, top5, examples), NOTE one line per checkpoint skipped as damaged.
+  WRITE_SUMMARIES records each evaluation in MODEL_DIR (`metrics`). WATCH:
+  evaluates every new checkpoint as it appears until training's last step
+  is evaluated or none arrives for WATCH_TIMEOUT seconds.
+  """
+  run = run_lib.read(model_dir, data_dir)  # A clear error if it is no run.
+  evaluate_checkpoint = _checkpoint_evaluator(
+      run, dataset, batch_size, num_examples, write_summaries, emit)
+  if not watch:
+    evaluate_checkpoint(checkpoints.find_checkpoint(
+        model_dir, checkpoint,
+        echo=lambda line: note(f"note: {line}; skipped")))
+    return
+  for path in tf.train.checkpoints_iterator(
+      model_dir, min_interval_secs=watch_interval, timeout=watch_timeout):
+    reason = checkpoints.damage(path)
+    if reason:  # Rotated away by training meanwhile, or damaged.
+      note(f"note: {os.path.basename(path)}: {reason}; skipped")
+      continue
+    if evaluate_checkpoint(path) >= run.config.train_steps:
+      break
+
+
+def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
+                          write_summaries, emit):
+  """A function (checkpoint path, already verified) -> its global step,
+  which evaluates the checkpoint and EMITs the result."""
+  trained = run.dataset.name if run.dataset else run.config.dataset
+  dataset = dataset or trained
+  # The model's own preprocessing on its own dataset; on another one, that
+  # dataset's preprocessing for the model's input size.
+  preprocessing = run.preprocessing
+  if dataset != trained:
+    info = tfds_data.dataset_info(dataset, run.data_dir)
+    classes = run.model_options["classes"]
+    if info.num_classes != classes:
+      raise ValueError(
+          f"--dataset={dataset} has {info.num_classes} classes; the model "
+          f"was trained for the {classes} of {trained}")
+    preprocessing = datasets.preprocessing_config(
+        info, preprocessing["image_size"])
+
+  def evaluate_checkpoint(path):
+    model, _, step = checkpoints.restore_checkpoint(run.model_dir, path)
+    scores = evaluate(model, dataset, data_dir=run.data_dir,
+                      batch_size=batch_size, num_examples=num_examples,
+                      preprocessing=preprocessing)
+    if write_summaries:
+      with metrics.MetricsWriter(run.model_dir) as writer:
+        writer.evaluation(step, scores, source="evaluate", dataset=dataset)
+    emit({"global_step": step, "dataset": dataset, **scores})
+    return step
+  return evaluate_checkpoint

@@ -1,0 +1,96 @@
+"""What //bin:train does with a resolved configuration: train and report.
+
+`train_command` shows the resolved run, writes only config.json for a dry
+run, trains (`trainer.train`), turns every way a run can stop into one line
+and an exit status -- 143/130 for SIGTERM/Ctrl-C after a checkpoint, 1 for
+errors -- and ends with what the run reached and where its files are.
+"""
+
+import json
+import os
+import sys
+
+import tensorflow as tf
+
+from identity_tf import cli
+from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import config_file
+from identity_tf.training import distribute
+from identity_tf.training import preemption
+from identity_tf.training import run as run_lib
+from identity_tf.training import trainer
+
+
+def train_command(config, model_dir, *, data_dir=None, tpu=None,
+                  cluster_timeout=600.0, dry_run=False, progress=None,
+                  result=None):
+  """Trains CONFIG in MODEL_DIR as //bin:train does.
+
+  PROGRESS receives the resolved configuration and the progress lines
+  (stderr by default), RESULT the lines that say what the run reached
+  (stdout by default). Exits (SystemExit) with one line on stderr when the
+  run stops before its end.
+  """
+  progress = progress or _stderr
+  result = result or print
+  try:
+    # Under parameter_server, workers and parameter servers only serve.
+    if (config.strategy == "parameter_server" and
+        distribute.run_parameter_server_task()):
+      return
+    run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset,
+                                                         data_dir),
+                          model_dir, data_dir)
+    progress(json.dumps(run.description(model_dir=model_dir), indent=2,
+                        sort_keys=True))
+    if dry_run:
+      checkpoints.check_writable(model_dir)
+      config_file.check_resumable(model_dir, config)
+      config_file.write(model_dir, run.description())
+      result(f"dry run: wrote {config_file.path(model_dir)}")
+      return
+    outcome = trainer.train(config, model_dir, data_dir=data_dir, tpu=tpu,
+                            cluster_timeout=cluster_timeout, echo=progress)
+  except preemption.PreemptedError as e:
+    _stop(str(e), e.exit_code)
+  except KeyboardInterrupt:  # Ctrl-C before the loop could save anything.
+    _stop("interrupted before training started; nothing was written", 130)
+  except ValueError as e:  # DatasetNotReadyError and NaN stops too.
+    _stop(f"error: {e}", 1)
+  except tf.errors.OpError as e:
+    _stop(f"error: {distribute.describe_failure(e)}", 1)
+  if distribute.is_chief():
+    for line in summary(outcome, config, model_dir):
+      result(line)
+
+
+def summary(outcome, config, model_dir):
+  """The lines that end a run: what it reached and where things are."""
+  text = f"done: step {outcome['step']}"
+  if outcome["train_top1"] is not None:
+    text += (f", training top-1 {outcome['train_top1']:.4f} over the last "
+             f"{config.log_steps} steps")
+  evaluation = outcome["eval"]
+  if evaluation:
+    text += (f", evaluation top-1 {evaluation['top1']:.4f} (top-5 "
+             f"{evaluation['top5']:.4f}, loss {evaluation['loss']:.4f}) on "
+             f"{evaluation['examples']} {config.dataset} examples")
+  # The tensorboard next to this interpreter (.venv's under ./bazelw) is the
+  # one that is installed; a bare `tensorboard` may not be on PATH.
+  tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+  if not os.path.exists(tensorboard):
+    tensorboard = "tensorboard"
+  return [text, f"checkpoints: {model_dir}",
+          f"TensorBoard: {tensorboard} --logdir {model_dir}",
+          f"evaluate:    {cli.command('evaluate', f'--model_dir={model_dir}')}"]
+
+
+def _stderr(line):
+  print(line, file=sys.stderr, flush=True)
+
+
+def _stop(line, code):
+  """LINE on stderr, exit with CODE."""
+  print(line, file=sys.stderr, flush=True)
+  sys.exit(code)

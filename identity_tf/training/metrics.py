@@ -1,0 +1,150 @@
+"""A run's metrics: one writer, and what reads them back.
+
+Every record of a run -- a window of training steps, an evaluation -- is
+written once, by `MetricsWriter`, and goes three ways: one JSON progress
+line (to the run's echo: bin/train's stderr), one line of
+MODEL_DIR/metrics.jsonl (the same object with the wall-clock time), and
+TensorBoard scalars in MODEL_DIR/train and MODEL_DIR/eval, through writers
+that stay open for the run. Programs read metrics.jsonl (`read`) or the
+event files (`read_scalars`), never the progress text.
+"""
+
+import json
+import os
+import time
+
+import tensorflow as tf
+from tensorflow.core.util import event_pb2
+
+METRICS_FILE = "metrics.jsonl"
+TRAIN_DIR = "train"
+EVAL_DIR = "eval"
+# The evaluation's scores that go to TensorBoard.
+EVAL_SCALARS = ("loss", "top1", "top5")
+
+
+class MetricsWriter:
+  """Writes a run's records: progress line, metrics.jsonl, TensorBoard.
+
+  ENABLED False (a worker that is not the chief) writes nothing but the
+  progress lines. Use as a context manager, or call `close`.
+  """
+
+  def __init__(self, model_dir, echo=None, enabled=True):
+    self._echo = echo
+    self._enabled = enabled
+    self._path = os.path.join(model_dir, METRICS_FILE)
+    self._writers = {}
+    self._model_dir = model_dir
+
+  def _writer(self, kind):
+    if kind not in self._writers:
+      self._writers[kind] = tf.summary.create_file_writer(
+          os.path.join(self._model_dir, kind))
+    return self._writers[kind]
+
+  def _write(self, record, kind, scalars, step):
+    if self._echo:
+      self._echo(json.dumps(record))
+    if not self._enabled:
+      return
+    self._append(record)
+    writer = self._writer(kind)
+    with writer.as_default():
+      for name, value in scalars.items():
+        tf.summary.scalar(name, value, step=step)
+    writer.flush()
+
+  def start(self, step):
+    """Marks the start of a session of training at STEP in metrics.jsonl
+    (not a metric: no progress line, no TensorBoard), so that a run's wall
+    time can be summed over its sessions (`wall_seconds`)."""
+    if self._enabled:
+      self._append({"step": step, "start": True})
+
+  def _append(self, record):
+    with tf.io.gfile.GFile(self._path, "a") as f:
+      f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+
+  def train(self, record, scalars):
+    """RECORD (a progress line's object, with "step") of a window of
+    training steps, and its TensorBoard SCALARS ({name: number})."""
+    self._write(record, TRAIN_DIR, scalars, record["step"])
+
+  def evaluation(self, step, metrics, **extra):
+    """METRICS (`evaluation.make_evaluator`'s dict) of the model at STEP;
+    EXTRA keys (e.g. the dataset) go to the record only."""
+    record = {"step": step, "eval": {
+        name: value if isinstance(value, int) else round_value(value)
+        for name, value in metrics.items()}, **extra}
+    self._write(record, EVAL_DIR,
+                {name: metrics[name] for name in EVAL_SCALARS}, step)
+
+  def close(self):
+    for writer in self._writers.values():
+      writer.close()
+    self._writers = {}
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def round_value(value, digits=4):
+  """VALUE with DIGITS significant digits, for progress lines (NaN kept)."""
+  value = float(value)
+  if value != value or value in (float("inf"), float("-inf")) or value == 0:
+    return value
+  return float(f"{value:.{digits}g}")
+
+
+def read(model_dir):
+  """The records of MODEL_DIR's metrics.jsonl, in the order written ([] if
+  there are none). A resumed run writes the steps after its checkpoint
+  again, later in the file."""
+  path = os.path.join(model_dir, METRICS_FILE)
+  if not tf.io.gfile.exists(path):
+    return []
+  records = []
+  with tf.io.gfile.GFile(path) as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue  # A line cut short by a kill.
+  return records
+
+
+def wall_seconds(records):
+  """The wall time RECORDS (`read`'s) span: over each session of training
+  (from a "start" record), the time to its last record, summed. A session
+  cut short by a kill counts up to its last record."""
+  total, start, last = 0.0, None, None
+  for record in records:
+    if record.get("start"):
+      if start is not None:
+        total += last - start
+      start = last = record["time"]
+    elif start is not None:
+      last = record["time"]
+  return total + (last - start if start is not None else 0.0)
+
+
+def read_scalars(log_dir):
+  """{name: [(step, value), ...]} of the scalars in LOG_DIR's event files.
+
+  In file order: a resumed run logs the steps after its checkpoint again,
+  in a newer file.
+  """
+  scalars = {}
+  for path in sorted(tf.io.gfile.glob(os.path.join(log_dir, "events.*"))):
+    # tf.data rather than tf.compat.v1.train.summary_iterator, which warns
+    # that it is deprecated on every call.
+    for record in tf.data.TFRecordDataset(path):
+      event = event_pb2.Event.FromString(record.numpy())
+      for value in event.summary.value:
+        number = float(tf.make_ndarray(value.tensor))
+        scalars.setdefault(value.tag, []).append((event.step, number))
+  return scalars

@@ -1,0 +1,168 @@
+"""The optimisation of a training run: schedule, SGD, weight decay, clipping.
+
+Section 4 of Hardt & Ma (2017) trains with SGD and momentum 0.9, weight decay
+on the convolution weights and a step (CIFAR) or exponential (ImageNet)
+learning-rate schedule. Three stabilisers that the paper does not use can be
+added, each off (0) unless a configuration asks for it:
+
+* `warmup_steps`: the learning rate rises linearly over the first steps
+  (Goyal et al., 2017, Section 2.2).
+* `grad_clip_norm`: the gradient g of the whole (global) batch is scaled
+  to norm at most c, g <- g min(1, c / ||g||) (Pascanu et al., 2013).
+* `agc_clip`: adaptive gradient clipping (Brock et al., 2021, Section 4,
+  equation 3): every unit i of a weight W (an output channel of a
+  convolution) has its gradient G_i scaled to
+  ||G_i|| <= lambda max(||W_i||, 1e-3).
+
+The clipping factors are computed from the gradient of the global batch and
+applied to each replica's part of it, so that, summed over the replicas by
+the optimizer, the update is exactly the clipped global gradient.
+"""
+
+import keras
+import tensorflow as tf
+
+# AGC's floor on a unit's weight norm (Brock et al., 2021: epsilon = 1e-3),
+# so that units initialised at zero can still move.
+AGC_EPSILON = 1e-3
+
+
+@keras.saving.register_keras_serializable(package="identity_tf")
+class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
+  """AFTER (a schedule or a rate) scaled by min(1, (step + 1) / WARMUP_STEPS).
+
+  The first step (step 0) takes 1/warmup_steps of the rate, step
+  warmup_steps - 1 and later the full rate of AFTER. Boundaries of AFTER
+  are not shifted.
+  """
+
+  def __init__(self, after, warmup_steps):
+    super().__init__()
+    self.after = after
+    self.warmup_steps = int(warmup_steps)
+
+  def __call__(self, step):
+    rate = self.after(step) if callable(self.after) else self.after
+    fraction = tf.minimum(
+        1.0, tf.cast(step + 1, tf.float32) / float(self.warmup_steps))
+    return tf.cast(rate, tf.float32) * fraction
+
+  def get_config(self):
+    after = self.after
+    if isinstance(after, keras.optimizers.schedules.LearningRateSchedule):
+      after = keras.optimizers.schedules.serialize(after)
+    return {"after": after, "warmup_steps": self.warmup_steps}
+
+  @classmethod
+  def from_config(cls, config):
+    after = config["after"]
+    if isinstance(after, dict):
+      after = keras.optimizers.schedules.deserialize(after)
+    return cls(after, config["warmup_steps"])
+
+
+def learning_rate_schedule(schedule):
+  """The learning rate against the step, as Keras computes it: SCHEDULE
+  (a `run.Schedule`) as a Keras schedule, or a float for a constant rate.
+
+  piecewise: values[i] from boundaries[i-1] on (Section 4.1: 0.05, /10 at
+    30k and 50k steps).
+  exponential: initial * decay_rate ** floor(step / decay_steps) (Section
+    4.2: 0.1 * 0.94 every 2 epochs).
+  constant: initial.
+  Then `LinearWarmup` over schedule.warmup_steps, if any.
+  """
+  rate = schedule.initial
+  if schedule.kind == "piecewise":
+    rate = keras.optimizers.schedules.PiecewiseConstantDecay(
+        list(schedule.boundaries), list(schedule.values))
+  elif schedule.kind == "exponential":
+    if not schedule.decay_steps:
+      raise ValueError("the exponential schedule decays per epoch, and the "
+                       "number of training examples is not known: prepare "
+                       "the dataset or set --num_train_examples")
+    rate = keras.optimizers.schedules.ExponentialDecay(
+        schedule.initial, decay_steps=schedule.decay_steps,
+        decay_rate=schedule.decay_rate, staircase=True)
+  if schedule.warmup_steps:
+    rate = LinearWarmup(rate, schedule.warmup_steps)
+  return rate
+
+
+def build_optimizer(schedule, momentum):
+  """SGD with MOMENTUM at SCHEDULE's rate (a `run.Schedule`); weight decay
+  is not the optimizer's: `l2_penalty`.
+
+  Nor is clipping: Keras's `global_clipnorm` clips each replica's part of
+  the gradient separately; `clip_factors` clips the global one.
+  """
+  return keras.optimizers.SGD(learning_rate=learning_rate_schedule(schedule),
+                              momentum=momentum)
+
+
+def convolution_kernels(model):
+  """The trainable convolution kernels (rank 4), which weight decay decays."""
+  return [w for w in model.trainable_weights if len(w.shape) == 4]
+
+
+def l2_penalty(model, weight_decay):
+  """weight_decay * sum over convolution kernels W of ||W||_F^2 / 2.
+
+  Weight decay as an L2 term added to the loss, as the 2016 tensorflow/models
+  resnet (which the paper's code derives from) does with tf.nn.l2_loss: its
+  gradient weight_decay * W goes through the momentum like the data gradient.
+  Only convolution kernels are decayed (Section 4.1: "All convolutional
+  weights are trained with weight decay"); biases and the scalars of
+  SkipInit and Fixup, if any, are not, and the frozen projection is not
+  trained at all. We do not use the optimizer's decoupled `weight_decay`
+  (AdamW-style w -= lr * wd * w outside the momentum): with momentum 0.9 it
+  is a different, roughly 10x weaker, regulariser than the paper's.
+  """
+  kernels = convolution_kernels(model)
+  if not weight_decay or not kernels:
+    return tf.constant(0.0)
+  return weight_decay * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
+
+
+def unit_norms(tensor):
+  """The Frobenius norm of each unit of TENSOR, broadcastable to it.
+
+  A unit is an output: the last axis of a kernel ([k, k, c_in, c_out] or
+  [d_in, d_out]), so the norm is taken over all other axes; a vector or a
+  scalar is one unit per entry (Brock et al., 2021, Section 4).
+  """
+  if len(tensor.shape) <= 1:
+    return tf.abs(tensor)
+  axes = list(range(len(tensor.shape) - 1))
+  return tf.sqrt(tf.reduce_sum(tf.square(tensor), axis=axes, keepdims=True))
+
+
+def clip_factors(gradients, variables, grad_clip_norm=0.0, agc_clip=0.0):
+  """Factors f with f * g the clipped gradient, one per gradient.
+
+  GRADIENTS is the gradient of the global batch (all replicas summed).
+  Global-norm clipping gives one scalar min(1, c / ||g||) shared by all;
+  AGC gives, per unit, min(1, lambda max(||W_i||, eps) / ||G_i||), times the
+  global factor when both are on. None where no clipping is asked for.
+  Returns (factors, global gradient norm before clipping).
+  """
+  norm = tf.linalg.global_norm(gradients)
+  factors = [None] * len(gradients)
+  if agc_clip:
+    factors = []
+    for gradient, variable in zip(gradients, variables):
+      limit = agc_clip * tf.maximum(unit_norms(variable), AGC_EPSILON)
+      grad_norm = unit_norms(gradient)
+      # Where the gradient's unit norm is 0 no scaling is needed (factor 1).
+      factors.append(tf.where(grad_norm > limit,
+                              limit / tf.maximum(grad_norm, 1e-30), 1.0))
+  if grad_clip_norm:
+    if agc_clip:
+      # The global norm of the AGC-clipped gradient decides the second step.
+      norm_after = tf.linalg.global_norm(
+          [f * g for f, g in zip(factors, gradients)])
+    else:
+      norm_after = norm
+    scale = tf.minimum(1.0, grad_clip_norm / tf.maximum(norm_after, 1e-30))
+    factors = [scale if f is None else f * scale for f in factors]
+  return factors, norm

@@ -1,0 +1,188 @@
+"""A training run, resolved once: everything downstream reads it from here.
+
+`resolve(config, dataset, model_dir)` turns a validated `configs.Config`,
+the dataset's `datasets.DatasetInfo` and where the run's files go into a
+`Run`: the network's complete options, the input preprocessing, the steps
+per epoch and the learning-rate schedule, each derived here and nowhere
+else. The trainer, evaluation, export, the study and the benchmark take
+what they need from a `Run`; config.json is `Run.description()`, and
+`from_description` rebuilds the `Run` of a finished run from it, so that
+evaluation and export need nothing but the directory.
+
+`choose_config` is the first step of //bin:train: the configuration of a
+command line, from a preset or from the run a model_dir already holds.
+
+Pure Python (no TensorFlow): flags and configurations are checked, and the
+stored configuration of a model_dir is read, before TensorFlow loads.
+"""
+
+import dataclasses
+
+from identity_tf import architectures
+from identity_tf import configs
+from identity_tf.data import datasets
+from identity_tf.training import config_file
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """The learning rate against the step, as data (`optimization` builds it).
+
+  kind "piecewise": VALUES[i] from BOUNDARIES[i-1] on (Section 4.1);
+  "exponential": INITIAL * DECAY_RATE ** floor(step / DECAY_STEPS)
+  (Section 4.2, DECAY_STEPS = the decay period in steps); "constant":
+  INITIAL. Then a linear warm-up over WARMUP_STEPS, if any.
+  """
+  kind: str
+  initial: float
+  boundaries: tuple = ()
+  values: tuple = ()
+  decay_steps: int = None
+  decay_rate: float = None
+  warmup_steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A run's configuration and everything derived from it.
+
+  Attributes:
+    config: the validated `configs.Config`.
+    dataset: the dataset's `datasets.DatasetInfo` (classes, image shape,
+      splits and their sizes); None for a recorded run from before it was
+      recorded.
+    model_dir: where config.json, checkpoints and summaries go.
+    data_dir: the TFDS data directory (None: TFDS's default).
+    model_options: the complete `model.build_model` options of
+      config.model for this dataset (every default named, so that
+      config.json rebuilds the same network if defaults change).
+    preprocessing: the input preprocessing (`datasets.preprocessing_config`).
+    steps_per_epoch: steps per pass over the training examples; None if
+      their count is not known.
+    schedule: the learning rate (`Schedule`).
+  """
+  config: configs.Config
+  dataset: datasets.DatasetInfo
+  model_dir: str
+  data_dir: str
+  model_options: dict
+  preprocessing: dict
+  steps_per_epoch: float
+  schedule: Schedule
+
+  @property
+  def model_name(self):
+    return self.config.model
+
+  def description(self, **extra):
+    """config.json's content: the configuration and what rebuilding the
+    model and its input needs."""
+    description = {
+        "config": configs.to_dict(self.config),
+        "model": {"name": self.config.model, "options": self.model_options},
+        "dataset": self.dataset.to_dict() if self.dataset else None,
+        "preprocessing": self.preprocessing,
+        "steps_per_epoch": self.steps_per_epoch,
+        **extra,
+    }
+    return {k: v for k, v in description.items() if v is not None or
+            k == "steps_per_epoch"}
+
+
+def resolve(config, dataset, model_dir, data_dir=None, replicas=1):
+  """The `Run` of CONFIG on DATASET (a `datasets.DatasetInfo`) in MODEL_DIR.
+
+  REPLICAS: the strategy's replicas in sync, which must divide the global
+  batch. Raises ValueError (one line) for what the configuration alone
+  cannot know is wrong: a batch that does not split over the replicas, an
+  exponential schedule without the epoch's length, images the network
+  cannot take.
+  """
+  if config.batch_size % replicas:
+    raise ValueError(f"--batch_size={config.batch_size} must be a multiple "
+                     f"of the {replicas} replicas of --strategy="
+                     f"{config.strategy}")
+  examples = config.num_train_examples or dataset.num_train_examples
+  steps_per_epoch = examples / config.batch_size if examples else None
+  return Run(config=config, dataset=dataset, model_dir=model_dir,
+             data_dir=data_dir,
+             model_options=_model_options(config, dataset.num_classes),
+             preprocessing=datasets.preprocessing_config(
+                 dataset, architectures.input_size(config.model),
+                 flip=config.flip),
+             steps_per_epoch=steps_per_epoch,
+             schedule=make_schedule(config, steps_per_epoch))
+
+
+def from_description(description, model_dir, data_dir=None):
+  """The `Run` that wrote DESCRIPTION (a config.json dict) into MODEL_DIR.
+
+  The network's options and the preprocessing are taken as recorded, not
+  derived again: they are what the checkpoints were trained with.
+  """
+  config = configs.from_dict(description["config"])
+  # Runs from before the dataset was recorded have none.
+  dataset = description.get("dataset")
+  info = datasets.DatasetInfo.from_dict(dataset) if dataset else None
+  steps_per_epoch = description.get("steps_per_epoch")
+  return Run(config=config, dataset=info, model_dir=model_dir,
+             data_dir=data_dir,
+             model_options=dict(description["model"]["options"]),
+             preprocessing=dict(description["preprocessing"]),
+             steps_per_epoch=steps_per_epoch,
+             schedule=make_schedule(config, steps_per_epoch))
+
+
+def read(model_dir, data_dir=None):
+  """The `Run` recorded in MODEL_DIR's config.json (`config_file.read`)."""
+  return from_description(config_file.read(model_dir), model_dir, data_dir)
+
+
+def _model_options(config, num_classes):
+  _, options = architectures.resolve_options(
+      config.model, classes=num_classes, width=config.width,
+      units=config.units, norm=config.norm, head=config.head,
+      init=config.init, seed=config.seed,
+      image_size=architectures.input_size(config.model),
+      use_bias=config.use_bias, residual=config.residual,
+      projection_scale=config.projection_scale)
+  return {**options, "units": list(options["units"])}
+
+
+def make_schedule(config, steps_per_epoch):
+  """CONFIG's `Schedule`. The exponential one decays per epoch: without
+  STEPS_PER_EPOCH (a dataset whose size is not known) it has no decay_steps,
+  and `optimization.learning_rate_schedule` refuses it."""
+  rate = config.learning_rate
+  kind = config.lr_schedule
+  if kind == "piecewise" and not config.lr_boundaries:
+    kind = "constant"
+  schedule = Schedule(kind, rate, warmup_steps=config.warmup_steps)
+  if kind == "piecewise":
+    boundaries = tuple(config.lr_boundaries)
+    return dataclasses.replace(
+        schedule, boundaries=boundaries,
+        values=tuple(rate * config.lr_decay_factor ** i
+                     for i in range(len(boundaries) + 1)))
+  if kind == "exponential" and steps_per_epoch:
+    return dataclasses.replace(
+        schedule, decay_rate=config.lr_decay_factor,
+        decay_steps=max(1, round(config.lr_decay_epochs * steps_per_epoch)))
+  return schedule
+
+
+def choose_config(preset, model_dir, overrides):
+  """(config, model_dir) of a //bin:train command line.
+
+  PRESET None means: the configuration stored in MODEL_DIR's config.json
+  if it holds a run, else the smoke preset. OVERRIDES ({field: value or
+  None}) are the flags that were set. MODEL_DIR None means runs/<preset>
+  under the user's directory. Raises ValueError (one line) for bad values.
+  """
+  from identity_tf import cli  # pylint: disable=g-import-not-at-top
+  stored = (config_file.stored_config(model_dir)
+            if preset is None and model_dir else None)
+  if stored is not None:
+    return configs.override(stored, **overrides), model_dir
+  config = configs.resolve(preset or "smoke", **overrides)
+  return config, model_dir or cli.default_model_dir(config.preset)

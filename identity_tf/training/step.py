@@ -1,0 +1,106 @@
+"""The training step: SGD on the global batch, clipped, with its diagnostics.
+
+`make_train_step` is the one step of every strategy: //bin:train runs it
+(`trainer`) and //bin:benchmark times it.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import model as model_lib
+from identity_tf.training import optimization
+
+
+def make_train_step(strategy, model, optimizer, config):
+  """The training step of `train`: a tf.function (iterator, num_steps) -> dict.
+
+  Each of NUM_STEPS steps takes next(ITERATOR) (a distributed iterator of
+  STRATEGY's per-replica (images, labels) batches) and, on every replica,
+  applies OPTIMIZER to MODEL's gradient of the cross-entropy averaged over
+  the global batch (config.batch_size) plus `optimization.l2_penalty`,
+  clipped as config.grad_clip_norm and config.agc_clip say
+  (`optimization.clip_factors`, computed from the global batch's gradient).
+
+  Returns a dict of tensors over the NUM_STEPS steps:
+    "sums": the sums over steps and replicas of [per-example loss, correct
+      top-1 predictions, examples];
+    "peaks": the largest per-step value of [global gradient norm (before
+      clipping), largest ||update|| / ||weight|| over the kernels, then the
+      RMS of each activation of `watched_activations`] (NaN if any was);
+    "first_nonfinite": [global step, index] of the first step at which one
+      of them was NaN or infinite -- index i < len(watched) is the first
+      such activation in forward order, len(watched) the gradient -- or
+      [-1, -1].
+  `train` runs this function (scheduled through a ClusterCoordinator under
+  parameter_server); bin/benchmark times it.
+  """
+  global_batch = config.batch_size
+  probe = model_lib.activation_probe(model)
+  names = list(probe.output.keys())
+  variables = model.trainable_variables
+  # With several replicas in sync each one holds a part of the gradient; the
+  # clipping factors and the reported norm are those of the whole.
+  replicas = strategy.num_replicas_in_sync
+
+  def replica_step(images, labels):
+    with tf.GradientTape() as tape:
+      activations = probe(images, training=True)
+      logits = activations["logits"]
+      per_example = keras.losses.sparse_categorical_crossentropy(
+          labels, logits, from_logits=True)
+      # Mean over the global batch: the optimizer sums the replicas'
+      # gradients.
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=global_batch)
+      total = loss + tf.nn.scale_regularization_loss(
+          optimization.l2_penalty(model, config.weight_decay))
+    gradients = tape.gradient(total, variables)
+    whole = gradients
+    if replicas > 1:
+      whole = tf.distribute.get_replica_context().all_reduce(
+          tf.distribute.ReduceOp.SUM, gradients)
+    factors, grad_norm = optimization.clip_factors(
+        whole, variables, config.grad_clip_norm, config.agc_clip)
+    gradients = [g if f is None else g * f
+                 for g, f in zip(gradients, factors)]
+    kernels = [v for v in variables if len(v.shape) >= 2]
+    before = [tf.identity(v) for v in kernels]
+    optimizer.apply_gradients(zip(gradients, variables))
+    # Kernels only: the relative change of a scalar near zero (SkipInit's
+    # gain, Fixup's biases) says nothing about stability. Kernels that are
+    # exactly zero (Fixup's C2 at the start) have no ratio; they count as 0.
+    update_ratio = tf.reduce_max(tf.stack([
+        tf.math.divide_no_nan(tf.norm(v - b), tf.norm(b))
+        for v, b in zip(kernels, before)]))
+    rms = [tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
+                                                    tf.float32))))
+           for name in names]
+    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                               labels), tf.float32)
+    sums = tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
+                     tf.cast(tf.size(labels), tf.float32)])
+    return sums, tf.stack([grad_norm, update_ratio, *rms])
+
+  @tf.function
+  def train_steps(iterator, num_steps):
+    sums = tf.zeros([3])
+    peaks = tf.fill([2 + len(names)], -np.inf)
+    first = tf.constant([-1, -1], tf.int64)
+    for _ in tf.range(num_steps):
+      step = tf.cast(optimizer.iterations, tf.int64) + 1
+      step_sums, step_values = strategy.run(replica_step, args=next(iterator))
+      sums += strategy.reduce(tf.distribute.ReduceOp.SUM, step_sums,
+                              axis=None)
+      values = strategy.reduce(tf.distribute.ReduceOp.MEAN, step_values,
+                               axis=None)
+      peaks = tf.maximum(peaks, values)  # NaN stays NaN.
+      # Forward order: the activations, then the gradient.
+      bad = tf.logical_not(tf.math.is_finite(
+          tf.concat([values[2:], values[:1]], axis=0)))
+      first = tf.where(
+          tf.logical_and(first[0] < 0, tf.reduce_any(bad)),
+          tf.stack([step, tf.argmax(tf.cast(bad, tf.int64),
+                                    output_type=tf.int64)]), first)
+    return {"sums": sums, "peaks": peaks, "first_nonfinite": first}
+  return train_steps

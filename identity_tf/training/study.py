@@ -1,0 +1,314 @@
+"""Studies: a grid of training configurations x seeds, run and compared.
+
+A study (`configs.STUDIES`) names arms: a preset plus overrides, each run
+for its seeds. `run_study` trains every run of the grid on one dataset for a
+budget in epochs, one after the other, each in its own model_dir
+(OUTPUT_DIR/<arm>/seed<k>), so that re-running the same command resumes an
+interrupted run and skips finished ones. A run that diverges is recorded
+with the step of its first NaN, not retried. `collect` reads what the runs
+wrote (TensorBoard scalars and each run's study.json) and `write_report`
+turns it into results.json, results.md (a markdown table) and curves.png
+(training loss and test top-1 against the step, one line per arm).
+
+The budget scales the presets' schedules: with T = epochs x steps per epoch
+and T0 the preset's train_steps, every learning-rate boundary b becomes
+round(b T / T0), so the schedule keeps its shape (the paper's 30k and 50k of
+70k steps become 3/7 and 5/7 of the budget). Every run evaluates on the
+test split once per epoch.
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+
+from identity_tf import configs
+
+RUN_FILE = "study.json"  # Per run: status, step of the NaN, wall time.
+RESULTS_JSON = "results.json"
+RESULTS_MARKDOWN = "results.md"
+CURVES_PNG = "curves.png"
+
+
+def model_dir_of(output_dir, arm, seed):
+  """The model_dir of ARM's run with SEED ("/" in arm names becomes "_")."""
+  return os.path.join(output_dir, arm.name.replace("/", "_"), f"seed{seed}")
+
+
+def run_config(arm, seed, *, dataset, epochs, num_train_examples,
+               width=None):
+  """The `configs.Config` of ARM's run with SEED on DATASET for EPOCHS.
+
+  The preset's learning-rate boundaries are scaled to the budget; the run
+  evaluates and checkpoints once per epoch (of NUM_TRAIN_EXAMPLES). WIDTH
+  None keeps the preset's.
+  """
+  base = configs.PRESETS[arm.preset]
+  batch_size = dict(arm.overrides).get("batch_size", base.batch_size)
+  steps_per_epoch = num_train_examples / batch_size
+  steps = max(1, math.ceil(epochs * steps_per_epoch))
+  scale = steps / base.train_steps
+  boundaries = tuple(max(1, round(b * scale)) for b in base.lr_boundaries)
+  epoch = max(1, round(steps_per_epoch))
+  overrides = dict(train_steps=steps, lr_boundaries=boundaries,
+                   eval_steps=epoch, checkpoint_steps=epoch,
+                   log_steps=min(base.log_steps, epoch),
+                   steps_per_loop=min(base.steps_per_loop, epoch),
+                   dataset=dataset, seed=seed, eval_at_end=True)
+  if width is not None:
+    overrides["width"] = width
+  overrides.update(dict(arm.overrides))
+  return configs.override(base, **overrides)
+
+
+def read_run_file(model_dir):
+  path = os.path.join(model_dir, RUN_FILE)
+  if not os.path.exists(path):
+    return {"status": "pending", "nan_step": None, "wall_seconds": 0.0}
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_run_file(model_dir, state):
+  os.makedirs(model_dir, exist_ok=True)
+  path = os.path.join(model_dir, RUN_FILE)
+  with open(path + ".tmp", "w") as f:
+    json.dump(state, f, indent=2, sort_keys=True)
+  os.replace(path + ".tmp", path)
+
+
+def runs_of(study, arms=None, seeds=None):
+  """[(arm, seed)] of STUDY, restricted to the arm names ARMS and SEEDS."""
+  chosen = [arm for arm in study.arms if arms is None or arm.name in arms]
+  unknown = sorted(set(arms or ()) - {arm.name for arm in study.arms})
+  if unknown:
+    raise ValueError(f"study {study.name} has no arm {', '.join(unknown)}; "
+                     f"its arms: {', '.join(a.name for a in study.arms)}")
+  return [(arm, seed) for arm in chosen
+          for seed in (arm.seeds if seeds is None else seeds)]
+
+
+def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
+              width=None, arms=None, seeds=None, echo=print):
+  """Trains every run of STUDY that has not finished; returns `collect`'s.
+
+  ARMS (names) and SEEDS restrict the grid. ECHO receives one progress line
+  per event (a run starting or ending, and the training's own progress
+  lines prefixed with the run's name). On SIGTERM the current run writes a
+  checkpoint and `preemption.PreemptedError` is raised: the same call
+  resumes.
+  """
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.data import tfds_data
+  import keras
+  # pylint: enable=g-import-not-at-top
+  info = tfds_data.prepared_info(dataset, data_dir)
+  grid = runs_of(study, arms, seeds)
+  for number, (arm, seed) in enumerate(grid, 1):
+    config = run_config(arm, seed, dataset=dataset, epochs=epochs,
+                        width=width,
+                        num_train_examples=info.num_train_examples)
+    _train_run(config, model_dir_of(output_dir, arm, seed),
+               f"[{number}/{len(grid)}] {arm.name} seed {seed}", data_dir,
+               echo)
+    keras.backend.clear_session()  # Each run builds its own model.
+  return collect(study, output_dir, arms=arms, seeds=seeds)
+
+
+def _train_run(config, model_dir, name, data_dir, echo):
+  """Trains CONFIG in MODEL_DIR unless it finished; records how it ended."""
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import diagnostics
+  from identity_tf.training import metrics
+  from identity_tf.training import preemption
+  from identity_tf.training import trainer
+  # pylint: enable=g-import-not-at-top
+  state = read_run_file(model_dir)
+  if state["status"] in ("done", "diverged"):
+    echo(f"{name}: {state['status']} earlier, skipped")
+    return
+  echo(f"{name}: training {config.train_steps} steps into {model_dir}")
+  try:
+    trainer.train(config, model_dir, data_dir=data_dir,
+                  echo=lambda line: echo(f"{name}: {line}"))
+    state = {"status": "done", "nan_step": None}
+  except diagnostics.NonFiniteLossError as e:
+    echo(f"{name}: diverged: {e}")
+    state = {"status": "diverged", "nan_step": e.step}
+  except preemption.PreemptedError:
+    raise  # The run wrote a checkpoint; the same command resumes it.
+  state["wall_seconds"] = metrics.wall_seconds(metrics.read(model_dir))
+  _write_run_file(model_dir, state)
+  echo(f"{name}: {state['status']} after {state['wall_seconds']:.0f} s")
+
+
+def _run_results(model_dir, seed):
+  """What one run of a study wrote (see `collect`), and its config."""
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import config_file
+  from identity_tf.training import metrics
+  # pylint: enable=g-import-not-at-top
+  state = read_run_file(model_dir)
+  records = metrics.read(model_dir)
+  if records:  # Runs from before metrics.jsonl have only study.json's.
+    state["wall_seconds"] = metrics.wall_seconds(records)
+  train_scalars = _scalars(os.path.join(model_dir, metrics.TRAIN_DIR))
+  top1 = _scalars(os.path.join(model_dir, metrics.EVAL_DIR)).get("top1", [])
+  config = (config_file.read(model_dir)["config"]
+            if config_file.exists(model_dir) else None)
+  return {
+      "seed": seed, "model_dir": model_dir, **state,
+      "final_top1": top1[-1][1] if top1 and state["status"] == "done"
+                    else None,
+      "best_top1": max(v for _, v in top1) if top1 else None,
+      "curves": {"train_loss": train_scalars.get("loss", []),
+                 "test_top1": top1},
+  }, config
+
+
+def _scalars(log_dir):
+  """{tag: [(step, value)]} from LOG_DIR, the last value for a step kept
+  (a resumed run logs the steps after its checkpoint again)."""
+  from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(log_dir):
+    return {}
+  return {tag: sorted(dict(points).items())
+          for tag, points in metrics.read_scalars(log_dir).items()}
+
+
+def collect(study, output_dir, arms=None, seeds=None):
+  """What the runs of STUDY in OUTPUT_DIR wrote, as a JSON-ready dict.
+
+  Per arm: its description and, per seed, status ("done", "diverged",
+  "running" or "pending"), nan_step, wall_seconds, final_top1 (the last
+  evaluation), best_top1 and the curves train_loss and test_top1 as
+  [[step, value], ...]; plus the config of the first run found.
+  """
+  results = {"study": study.name, "description": study.description,
+             "arms": []}
+  grid = runs_of(study, arms, seeds)
+  for arm in study.arms:
+    runs, config = [], None
+    for seed in [s for a, s in grid if a is arm]:
+      run, run_config_dict = _run_results(
+          model_dir_of(output_dir, arm, seed), seed)
+      runs.append(run)
+      config = config or run_config_dict
+    if runs:
+      results["arms"].append({"name": arm.name, "preset": arm.preset,
+                              "overrides": dict(arm.overrides),
+                              "description": arm.description,
+                              "config": config, "runs": runs})
+  return results
+
+
+def _percent(value):
+  return "--" if value is None else f"{100 * value:.2f}"
+
+
+def _summary(values):
+  """'91.20' for one value; 'mean ± sd (a, b, c)' for several."""
+  present = [v for v in values if v is not None]
+  if len(values) == 1:
+    return _percent(values[0])
+  if not present:
+    return "--"
+  text = ", ".join(_percent(v) for v in values)
+  if len(present) < len(values):
+    return text
+  return (f"{100 * np.mean(present):.2f} ± {100 * np.std(present):.2f} "
+          f"({text})")
+
+
+def markdown_table(results):
+  """One row per arm: test top-1 (final, best), NaN steps, wall time."""
+  lines = [
+      "| configuration | what | seeds | final test top-1 (%) | best test "
+      "top-1 (%) | NaN at step | wall time |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for arm in results["arms"]:
+    runs = arm["runs"]
+    nan = [str(r["nan_step"]) for r in runs if r["status"] == "diverged"]
+    unfinished = [r["status"] for r in runs
+                  if r["status"] in ("running", "pending")]
+    if unfinished:
+      nan.append(f"{len(unfinished)} unfinished")
+    # Only finished runs: a run still going has spent part of its time.
+    minutes = [r["wall_seconds"] / 60 for r in runs
+               if r["status"] in ("done", "diverged")]
+    wall = ("--" if not minutes else f"{minutes[0]:.1f} min"
+            if len(runs) == 1 else f"{np.mean(minutes):.1f} min per seed")
+    lines.append(
+        f"| {arm['name']} | {arm['description']} | "
+        f"{', '.join(str(r['seed']) for r in runs)} | "
+        f"{_summary([r['final_top1'] for r in runs])} | "
+        f"{_summary([r['best_top1'] for r in runs])} | "
+        f"{', '.join(nan) or 'none'} | {wall} |")
+  return "\n".join(lines) + "\n"
+
+
+def _mean_curve(curves):
+  """The mean over runs at the steps all of them reached."""
+  if not curves or not all(curves):
+    return [], []
+  steps = sorted(set.intersection(*(set(s for s, _ in c) for c in curves)))
+  values = [np.mean([dict(c)[s] for c in curves]) for s in steps]
+  return steps, values
+
+
+def plot_curves(results, path):
+  """Training loss (log scale) and test top-1 against the step, one line
+  per arm (the mean over its seeds); an x marks where a run diverged."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  figure, (loss_axes, top1_axes) = pyplot.subplots(1, 2, figsize=(13, 5))
+  # One colour per arm in both panels: an arm that diverged has a loss
+  # curve but no test curve, so the default colour cycles would drift apart.
+  colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
+  for number, arm in enumerate(results["arms"]):
+    colour = colours[number % len(colours)]
+    runs = arm["runs"]
+    for axes, key in ((loss_axes, "train_loss"), (top1_axes, "test_top1")):
+      curves = [r["curves"][key] for r in runs if r["curves"][key]]
+      if len(curves) < len(runs):  # A seed without points: plot seed by seed.
+        curves = curves[:1]
+      steps, values = _mean_curve(curves)
+      if not steps:
+        continue
+      label = arm["name"] + (f" ({len(curves)} seeds)" if len(curves) > 1
+                             else "")
+      axes.plot(steps, values, label=label, color=colour,
+                linestyle="-" if number < len(colours) else "--")
+      if any(r["status"] == "diverged" for r in runs) and key == "train_loss":
+        axes.plot(steps[-1:], values[-1:], "x", color=colour, markersize=10)
+  loss_axes.set(xlabel="step", ylabel="training loss", yscale="log",
+                title="training loss (x: diverged after this point)")
+  top1_axes.set(xlabel="step", ylabel="test top-1", title="test top-1")
+  for axes in (loss_axes, top1_axes):
+    axes.grid(True, alpha=0.3)
+  # The loss panel names every arm that logged a step, diverged ones too.
+  loss_axes.legend(fontsize=8, loc="upper right")
+  figure.suptitle(f"study {results['study']}")
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  pyplot.close(figure)
+
+
+def write_report(results, output_dir):
+  """results.json, results.md and curves.png in OUTPUT_DIR; their paths."""
+  os.makedirs(output_dir, exist_ok=True)
+  paths = {name: os.path.join(output_dir, name)
+           for name in (RESULTS_JSON, RESULTS_MARKDOWN, CURVES_PNG)}
+  with open(paths[RESULTS_JSON], "w") as f:
+    json.dump(results, f, indent=2, sort_keys=True)
+  with open(paths[RESULTS_MARKDOWN], "w") as f:
+    f.write(f"# Study {results['study']}\n\n{results['description']}\n\n")
+    for key in ("dataset", "epochs", "width"):
+      if key in results:
+        f.write(f"- {key}: {results[key]}\n")
+    f.write("\n" + markdown_table(results))
+  plot_curves(results, paths[CURVES_PNG])
+  return paths

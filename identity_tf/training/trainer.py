@@ -1,0 +1,389 @@
+"""Training: one tf.distribute loop for the paper's networks.
+
+`train(config, model_dir)` resolves the run (`run.resolve`), takes the
+model_dir (`checkpoints.lock`), restores the newest intact checkpoint and
+runs `_loop`, which reads top to bottom: run steps, report, save, evaluate.
+What the loop does with the model, the optimizer, the input and the
+checkpoints is `Trainer`'s: one custom loop serves every strategy
+(`default`, `mirrored`, `multi_worker_mirrored`, `tpu`, `parameter_server`;
+`distribute`), a `tf.function` of `steps_per_loop` SGD steps
+(`step.make_train_step`), scheduled through a `ClusterCoordinator` under
+`parameter_server` (Keras 3's `fit` does not support that strategy). Every
+record goes through one `metrics.MetricsWriter`; SIGTERM and Ctrl-C write a
+checkpoint and stop (`preemption`); a NaN stops the run naming where it
+began (`diagnostics`).
+"""
+
+import os
+import time
+
+from absl import logging
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import model as model_lib
+from identity_tf.data import pipeline
+from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import config_file
+from identity_tf.training import diagnostics
+from identity_tf.training import distribute
+from identity_tf.training import evaluation
+from identity_tf.training import metrics
+from identity_tf.training import optimization
+from identity_tf.training import preemption
+from identity_tf.training import run as run_lib
+from identity_tf.training import step as step_lib
+
+
+def build_model(run):
+  """RUN's network (`model.build_model` with the run's options)."""
+  return model_lib.build_model(run.model_name, **run.model_options)
+
+
+def build_optimizer(run):
+  """RUN's optimizer: SGD with momentum at the run's schedule."""
+  return optimization.build_optimizer(run.schedule, run.config.momentum)
+
+
+class Trainer:
+  """A run's model, optimizer, input and checkpoints, and what the loop
+  does with them: `restore`, `run_steps`, `save`, `evaluate`.
+
+  Built under STRATEGY's scope from RUN (`run.Run`). DATASET_FN replaces
+  the input pipeline (`train`). COORDINATOR: the ClusterCoordinator of a
+  parameter_server run, else None.
+  """
+
+  def __init__(self, run, strategy, *, chief=True, coordinator=None,
+               dataset_fn=None):
+    self.run = run
+    self.config = run.config
+    self.chief = chief
+    self.strategy = strategy
+    self._coordinator = coordinator
+    self._dataset_fn = dataset_fn
+    with strategy.scope():
+      self.model = build_model(run)
+      self.optimizer = build_optimizer(run)
+      self.optimizer.build(self.model.trainable_variables)
+    self.watched = diagnostics.watched_activations(self.model)
+    self._train_steps = step_lib.make_train_step(
+        strategy, self.model, self.optimizer, run.config)
+    # Every worker writes checkpoints (MultiWorkerMirroredStrategy wants all
+    # of them to save), but only the chief's go to model_dir.
+    task_type, task_id = distribute.cluster_task()
+    self.checkpoint_dir = run.model_dir if chief else os.path.join(
+        run.model_dir, f".{task_type}{task_id}_tmp")
+    self.iterator = self.manager = self._evaluator = None
+
+  @property
+  def step(self):
+    """The global step: the optimizer's iterations."""
+    return int(self.optimizer.iterations.numpy())
+
+  @property
+  def learning_rate(self):
+    return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+
+  # -------------------------------------------------------------------------
+  # Input and checkpoints.
+
+  def _input_fn(self, seed, start_step=0):
+    """The training dataset_fn, starting START_STEP global steps in.
+
+    The pipeline's stream is a deterministic function of (seed, position),
+    so starting it at a step replays exactly what an uninterrupted run reads
+    from there on (free for in-memory datasets).
+    """
+    run, config = self.run, self.config
+
+    def dataset_fn(input_context):
+      batch = input_context.get_per_replica_batch_size(config.batch_size)
+      return pipeline.build_dataset(
+          config.dataset, run.dataset.train_split, batch, training=True,
+          data_dir=run.data_dir, seed=seed,
+          deterministic=config.deterministic, input_context=input_context,
+          num_examples=config.num_train_examples,
+          preprocessing=run.preprocessing, start_step=start_step)
+    return dataset_fn
+
+  def _make_iterator(self, skip_steps):
+    """The distributed input iterator, SKIP_STEPS global steps in."""
+    strategy, seed = self.strategy, self.config.seed
+    fn = self._dataset_fn
+    if self._coordinator is not None:
+      # No replay under parameter_server: after a restart the workers start
+      # a fresh stream (seeded by the step) instead.
+      if fn is None:
+        fn = self._input_fn(seed + skip_steps)
+      return iter(self._coordinator.create_per_worker_dataset(
+          lambda: strategy.distribute_datasets_from_function(fn)))
+    if fn is None:
+      fn = self._input_fn(seed, start_step=skip_steps)
+    return iter(strategy.distribute_datasets_from_function(fn))
+
+  def _checkpoint(self):
+    """The run's checkpoint: model, optimizer and, where tf.data can save it
+    (one replica per process), the input iterator."""
+    trackables = dict(model=self.model, optimizer=self.optimizer)
+    if isinstance(self.iterator, tf.data.Iterator):
+      trackables["iterator"] = self.iterator
+    return tf.train.Checkpoint(**trackables)
+
+  def restore(self, path):
+    """Restores checkpoint PATH (None: a new run) and positions the input.
+
+    The input position is restored from the checkpoint where it holds one
+    that fits this pipeline. Otherwise -- several replicas, or an iterator
+    that no longer fits -- the pipeline is started at the restored step
+    (`build_dataset(start_step=...)`), which yields exactly what the
+    uninterrupted stream would.
+    """
+    self.iterator = self._make_iterator(0)
+    if path is not None and not self._restore_with_iterator(path):
+      self.iterator = self._make_iterator(checkpoints.checkpoint_step(path))
+      tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
+          path).expect_partial().assert_existing_objects_matched()
+    if path is not None and not isinstance(
+        self.optimizer._learning_rate,  # pylint: disable=protected-access
+        keras.optimizers.schedules.LearningRateSchedule):
+      # A constant rate is a variable of the optimizer, so the checkpoint
+      # holds the old one: the configuration's takes effect (schedules are
+      # computed from the step and take effect anyway).
+      self.optimizer.learning_rate = self.config.learning_rate
+    self.manager = tf.train.CheckpointManager(
+        self._checkpoint(), self.checkpoint_dir,
+        max_to_keep=self.config.keep_checkpoints,
+        checkpoint_name=checkpoints.CHECKPOINT_PREFIX)
+
+  def _restore_with_iterator(self, path):
+    """Whether PATH's model, optimizer and input position were restored."""
+    saved_iterator = any(name.startswith("iterator/")
+                         for name, _ in tf.train.list_variables(path))
+    if not (saved_iterator and isinstance(self.iterator, tf.data.Iterator)):
+      return False
+    try:
+      self._checkpoint().restore(path).assert_existing_objects_matched()
+      return True
+    except tf.errors.OpError as e:
+      logging.warning(
+          "the input position in %s does not fit this input pipeline (%s); "
+          "replaying the input instead", path, str(e).splitlines()[0])
+      return False
+
+  def save(self, step):
+    """Writes the checkpoint of STEP; its path. NonFiniteLossError if the
+    weights are not finite (they would replace a good checkpoint)."""
+    if not diagnostics.all_finite(self.model.trainable_weights):
+      raise diagnostics.NonFiniteLossError(
+          f"the weights became NaN or infinite by step {step}; "
+          f"{checkpoints.last_written(self.manager)}", step=step)
+    return checkpoints.save(self.manager, step, self.checkpoint_dir)
+
+  def finish(self):
+    """A worker's own checkpoints (not the chief's) are scratch."""
+    if not self.chief:
+      tf.io.gfile.rmtree(self.checkpoint_dir)
+
+  # -------------------------------------------------------------------------
+  # Steps, evaluation and what a progress line reports.
+
+  def run_steps(self, num_steps):
+    """Runs NUM_STEPS steps; returns `step.make_train_step`'s dict as NumPy."""
+    if self._coordinator is None:
+      return {k: v.numpy() for k, v in self._train_steps(
+          self.iterator, tf.constant(num_steps)).items()}
+    # Asynchronous: closures of at most steps_per_loop steps on whichever
+    # worker is free; each step updates the parameter servers on its own.
+    results, remaining = [], num_steps
+    while remaining:
+      n = min(remaining, self.config.steps_per_loop)
+      results.append(self._coordinator.schedule(
+          self._train_steps, args=(self.iterator, tf.constant(n))))
+      remaining -= n
+    self._coordinator.join()
+    return merge_outputs([r.fetch() for r in results])
+
+  def evaluate(self):
+    """Loss and top-1/top-5 of the current weights on the evaluation split
+    (`evaluation.make_evaluator`; its pipeline is built once)."""
+    if self._evaluator is None:
+      config = self.config
+      self._evaluator = evaluation.make_evaluator(
+          self.model, config.dataset, data_dir=self.run.data_dir,
+          batch_size=config.eval_batch_size,
+          num_examples=config.num_eval_examples,
+          preprocessing=self.run.preprocessing, info=self.run.dataset)
+    return self._evaluator()
+
+  def scalars(self, record):
+    """The TensorBoard scalars of progress record RECORD."""
+    return {
+        "loss": record["loss"], "top1": record["top1"],
+        "learning_rate": record["lr"],
+        "images_per_second": record["images_per_second"],
+        "weight_decay_loss": float(optimization.l2_penalty(
+            self.model, self.config.weight_decay)),
+        "grad_norm": record["grad_norm"],
+        "update_ratio": record["update_ratio"],
+        **{f"activation_rms/{name}": value for name, value in
+           record["activation_rms"].items()},
+        **{f"residual_branch_norm/stage{stage}": norm for stage, norm in
+           sorted(diagnostics.residual_branch_norms(self.model).items())}}
+
+
+def merge_outputs(outputs):
+  """One `make_train_step` dict of the closures of a parameter-server call:
+  sums added, peaks the largest, the first non-finite step the earliest."""
+  bad = [o["first_nonfinite"] for o in outputs if o["first_nonfinite"][0] >= 0]
+  return {"sums": np.sum([o["sums"] for o in outputs], axis=0),
+          "peaks": np.max([o["peaks"] for o in outputs], axis=0),
+          "first_nonfinite": (min(bad, key=lambda b: b[0]) if bad
+                              else np.array([-1, -1]))}
+
+
+def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
+          cluster_timeout=600.0, echo=print, dataset_fn=None):
+  """Trains CONFIG in MODEL_DIR, resuming from its latest checkpoint.
+
+  Args:
+    config: a validated `configs.Config`.
+    model_dir: where config.json, checkpoints and summaries go.
+    data_dir: TFDS data directory.
+    strategy: a tf.distribute strategy (default: `distribute.create_strategy(
+      config.strategy, tpu)`).
+    tpu: --tpu for `create_strategy`.
+    cluster_timeout: seconds a multi-worker cluster may take to form
+      (`create_strategy`).
+    echo: receives the progress lines (print by default).
+    dataset_fn: replaces the input pipeline (experiments on data of your
+      own): input_context -> tf.data.Dataset of per-replica (images, labels)
+      batches, repeated forever; it must be deterministic in its position
+      for exact resumes under several replicas.
+
+  Progress: every config.log_steps steps ECHO receives one JSON object:
+  step, loss and top-1 over the last steps, learning rate, images/s, and
+  what shows a divergence coming -- the largest global gradient norm, the
+  largest update/weight ratio and the largest RMS of each stage's
+  activations over those steps (`step.make_train_step`); every
+  config.eval_steps steps, and at the end, one with the evaluation. The same
+  records go to MODEL_DIR/metrics.jsonl and TensorBoard (`metrics`).
+
+  Returns:
+    {"step", "train_loss", "train_top1" (last logged window), "eval": the
+    last evaluation or None, "model_dir"}.
+
+  The run resumes from the newest intact checkpoint in MODEL_DIR, found
+  from the files (`checkpoints.resume_point`): damaged newer ones are moved
+  to MODEL_DIR/damaged/ and named, and a directory whose checkpoints are all
+  damaged is refused rather than trained from step 0. One training at a
+  time holds MODEL_DIR (`checkpoints.lock`); config.json is written once
+  the run has been restored and can start.
+
+  Raises:
+    diagnostics.NonFiniteLossError: the loss became NaN/Inf; the latest
+      checkpoint was written before it.
+    preemption.PreemptedError: SIGTERM or SIGINT; a checkpoint of the
+      current step was written.
+    ValueError / tfds_data.DatasetNotReadyError: bad configuration, or a
+      model_dir that cannot hold the run (one line saying why).
+  """
+  # Multi-worker strategies must exist before TensorFlow starts its runtime.
+  if strategy is None:
+    strategy = distribute.create_strategy(config.strategy, tpu,
+                                          timeout=cluster_timeout, echo=echo)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  keras.utils.set_random_seed(config.seed)
+  coordinator = None
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+        strategy)
+  # A dataset that is not prepared stops the run here, before anything is
+  # written to model_dir.
+  info = (tfds_data.dataset_info(config.dataset, data_dir) if dataset_fn
+          else tfds_data.prepared_info(config.dataset, data_dir))
+  run = run_lib.resolve(config, info, model_dir, data_dir,
+                        replicas=strategy.num_replicas_in_sync)
+  trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
+  if not distribute.is_chief():
+    return _train(Trainer(run, strategy, chief=False, **trainer_options),
+                  echo)
+  checkpoints.check_writable(model_dir)
+  with checkpoints.lock(model_dir):
+    config_file.check_resumable(model_dir, config)
+    return _train(Trainer(run, strategy, **trainer_options), echo)
+
+
+def _train(trainer, echo):
+  """Restores TRAINER's run, writes config.json (the chief) and trains."""
+  run = trainer.run
+  latest = checkpoints.resume_point(run.model_dir, trainer.chief, echo)
+  # Every worker restores the chief's checkpoint.
+  trainer.restore(latest)
+  if latest:
+    echo(f"resumed from {latest} at step {trainer.step}")
+  if trainer.chief:
+    config_file.write(run.model_dir, run.description())
+  with metrics.MetricsWriter(run.model_dir, echo,
+                             enabled=trainer.chief) as writer:
+    writer.start(trainer.step)
+    with preemption.Preemption(trainer.strategy, trainer.manager) as stop:
+      result = _loop(trainer, writer, stop, echo, resumed=bool(latest))
+  trainer.finish()
+  return result
+
+
+def _loop(trainer, writer, stop, echo, resumed):
+  """Steps until config.train_steps: a progress line every log_steps, a
+  checkpoint every checkpoint_steps, an evaluation every eval_steps (the
+  chief) and at the end; a stop on SIGTERM (STOP) and on NaN."""
+  config, run = trainer.config, trainer.run
+  step = trainer.step
+  if resumed and step >= config.train_steps:
+    echo(f"the run is at step {step}, at or past --train_steps="
+         f"{config.train_steps}: nothing to train (raise --train_steps to "
+         "continue it)")
+  window = diagnostics.Window(trainer.watched)
+  result = {"step": step, "train_loss": None, "train_top1": None,
+            "eval": None, "model_dir": run.model_dir}
+  echo(f"training {config.model} on {config.dataset} for "
+       f"{config.train_steps} steps, global batch {config.batch_size}, "
+       f"{trainer.strategy.num_replicas_in_sync} replica(s) "
+       f"({config.strategy}); model_dir {run.model_dir}")
+  evaluated_at = None
+  while step < config.train_steps:
+    out = trainer.run_steps(_next_stop(config, step) - step)
+    step = trainer.step
+    diagnostics.check_finite(out, step, trainer.watched, window,
+                             checkpoints.last_written(trainer.manager))
+    window.add(out)
+    last = step >= config.train_steps
+    if step % config.log_steps == 0 or last:
+      record = window.record(step, config.train_steps, trainer.learning_rate)
+      writer.train(record, trainer.scalars(record))
+      result.update(train_loss=record["loss"], train_top1=record["top1"])
+    stop.check(step, trainer.save)
+    if step % config.checkpoint_steps == 0 or last:
+      echo(f"saved checkpoint {trainer.save(step)}")
+    if trainer.chief and config.eval_steps and (
+        step % config.eval_steps == 0 or last):
+      result["eval"], evaluated_at = trainer.evaluate(), step
+      writer.evaluation(step, result["eval"])
+      window.start = time.time()  # Images/s counts training only.
+  result["step"] = step
+  if config.eval_at_end and trainer.chief and evaluated_at != step:
+    result["eval"] = trainer.evaluate()
+    writer.evaluation(step, result["eval"])
+  return result
+
+
+def _next_stop(config, step):
+  """The next step at which the loop has something to do."""
+  every = [config.log_steps, config.checkpoint_steps]
+  if config.eval_steps:
+    every.append(config.eval_steps)
+  return min([config.train_steps, step + config.steps_per_loop] +
+             [(step // n + 1) * n for n in every])
