@@ -2,6 +2,7 @@
 
     bazel run //bin:benchmark -- --suite=train_step [--json=FILE]
     bazel run //bin:benchmark -- --suite=bf16
+    bazel run //bin:benchmark -- --suite=bf16_identity [--model_dir=DIR]
     bazel run //bin:benchmark -- --suite=input_pipeline
     bazel run //bin:benchmark -- --suite=linear   [--plot=linear.png]
     bazel run //bin:benchmark -- --suite=construct [--plot=construct.png]
@@ -10,8 +11,11 @@ train_step: images/s of identity_tf's training step (the one //bin:train
   runs, tf.distribute strategy included) on Table 1's CIFAR network against
   the same network in plain PyTorch, alternating in one process, and the
   step's FLOP/s against the float32 SGEMM peak measured in the same run.
-bf16: the same step under Keras's mixed_bfloat16 policy against float32, and
-  the accuracy of the smoke preset trained both ways.
+bf16: the same step in mixed_bfloat16 against float32, its share of the
+  bfloat16 matmul peak, and the accuracy of the smoke preset trained both
+  ways.
+bf16_identity: how much of each residual branch survives x + branch in
+  bfloat16, at initialisation or at each checkpoint of --model_dir.
 input_pipeline: the CIFAR training pipeline (augmentation included) against
   the step's consumption.
 linear / construct: time of the Section 2 and Section 3 code against the
@@ -31,8 +35,10 @@ from absl import app
 from absl import flags
 
 from identity_tf import cli
+from identity_tf import configs
 
-SUITES = ("train_step", "bf16", "input_pipeline", "linear", "construct")
+SUITES = ("train_step", "bf16", "bf16_identity", "input_pipeline", "linear",
+          "construct")
 FLAGS = flags.FLAGS
 _ABSL_FLAGS = set(FLAGS)  # absl's own; the rest are what the suites read.
 
@@ -46,6 +52,11 @@ flags.DEFINE_float("width", 1.0, "Width multiplier (1.0 = the paper's).")
 flags.DEFINE_integer("units", None, "Residual units per stage (default: "
                      "Table 1's 9).")
 flags.DEFINE_integer("batch_size", 128, "Global batch size of the step.")
+flags.DEFINE_enum("precision", "float32", list(configs.PRECISIONS),
+                  "train_step: the step's precision (as --precision of "
+                  "//bin:train; bf16 times both).")
+flags.DEFINE_boolean("jit_compile", False, "train_step/bf16: compile the "
+                     "step with XLA (as --jit_compile of //bin:train).")
 flags.DEFINE_integer("steps", 1, "Training steps per timed repeat.")
 flags.DEFINE_integer("repeats", 5, "Timed repeats of each contender, "
                      "alternating, after one warm-up repeat.")
@@ -66,12 +77,17 @@ flags.DEFINE_integer("sgemm_size", 4096, "Size of the square float32 "
 flags.DEFINE_integer("sgemm_repeats", 3, "Products per library per "
                      "measurement (the best counts).")
 # bf16.
+flags.DEFINE_integer("loop_steps", 40, "bf16: steps of //bin:train's loop "
+                     "(input pipeline included) timed in each precision, "
+                     "after 10 of warm-up (0: skip).")
 flags.DEFINE_integer("smoke_steps", 500, "bf16: steps of the smoke-preset "
                      "runs whose accuracy is compared (0: skip them).")
 # Input pipeline.
 flags.DEFINE_string("dataset", "synthetic", "input_pipeline: synthetic, "
                     "cifar10 or cifar100 (prepared in --data_dir).")
 cli.define_data_dir()
+cli.define_model_dir("bf16_identity: a freshly initialised --model; given, "
+                     "every checkpoint of that run.")
 flags.DEFINE_integer("batches", 100, "input_pipeline: batches per timed "
                      "repeat.")
 # Theory.
@@ -96,8 +112,9 @@ for _name in ("batch_size", "steps", "repeats", "sgemm_size", "sgemm_repeats",
                            message=f"--{_name} must be >= 1")
 flags.register_validator("width", lambda value: value > 0,
                          message="--width must be positive")
-flags.register_validator("smoke_steps", lambda value: value >= 0,
-                         message="--smoke_steps must be >= 0")
+for _name in ("smoke_steps", "loop_steps"):
+  flags.register_validator(_name, lambda value: value >= 0,
+                           message=f"--{_name} must be >= 0")
 flags.register_validator(
     "torch_memory_formats",
     lambda value: value and set(value) <= {"contiguous", "channels_last"},

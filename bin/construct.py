@@ -13,8 +13,13 @@ model.keras (the library's layers; load after
 `import identity_tf.theory.construction_model`) and report.json
 (identity_tf/theory/construction_run.py: `construct_command`).
 --sgd_steps=N also trains the same architecture by SGD from the paper's init
-on the same labels and writes sgd.json: the contrast. Progress goes to
-stderr, the report's main numbers to stdout as one JSON object.
+on the same labels and writes sgd.json: the contrast. Both networks' top-1
+accuracy on the held-out split (--test_examples) goes into report.json.
+--sweep_n=1000,3000 --sweep_dims=784,64 constructs for the first n points
+instead, at each input dimension (--reduce), and writes sweep.json and
+sweep.png: parameters against Theorem 3.2's n ln n + r^2
+(identity_tf/theory/capacity.py: `run_sweep`). Progress goes to stderr, the
+main numbers to stdout as one JSON object.
 """
 
 import os
@@ -44,9 +49,10 @@ flags.DEFINE_integer("num_examples", 1000, "examples of --dataset to fit",
 cli.define_data_dir()
 flags.DEFINE_integer("num_classes", None, "r; default: max label + 1 (the "
                      "dataset's classes for --dataset)", lower_bound=1)
-flags.DEFINE_integer("seed", 0, "seed of the projection and surrogates")
+flags.DEFINE_integer("seed", 0, "seed of the projection and surrogates",
+                     lower_bound=0)
 flags.DEFINE_string("output_dir", None, "where to write weights.npz, "
-                    "model.keras and report.json")
+                    "model.keras and report.json (sweep.json and sweep.png)")
 flags.DEFINE_integer("keras_check_examples", 2000, "check model.keras (loaded "
                      "back from disk) on this many training points; -1 = all",
                      lower_bound=-1)
@@ -57,6 +63,23 @@ flags.DEFINE_integer("sgd_batch_size", 128, "batch size of --sgd_steps",
                      lower_bound=1)
 flags.DEFINE_float("sgd_learning_rate", 0.1, "learning rate of --sgd_steps",
                    lower_bound=0.0)
+flags.DEFINE_integer("test_examples", -1, "top-1 accuracy on this many "
+                     "held-out points (--dataset's test split, or x_test, "
+                     "y_test in --data); -1 = all, 0 = none", lower_bound=-1)
+flags.DEFINE_bool("johnson_lindenstrauss", False, "project to the proof's k "
+                  "= O(log n / rho^2) instead of the lossless k = min(n, d + "
+                  "1); checked, and dropped (one line says why) when it "
+                  "loses the separation")
+flags.DEFINE_list("sweep_n", None, "sizes n: construct for the first n "
+                  "points of each, write sweep.json and sweep.png")
+flags.DEFINE_list("sweep_dims", None, "with --sweep_n: input dimensions "
+                  "(the raw d, or fewer by --reduce); default: the raw d")
+flags.DEFINE_enum("reduce", "pca", ["pca", "random"], "how --sweep_dims and "
+                  "--reduced_dim reduce the inputs: PCA fitted on the "
+                  "training points, or a seeded Gaussian projection")
+flags.DEFINE_integer("reduced_dim", None, "reduce the inputs to this many "
+                     "coordinates (--reduce) before constructing",
+                     lower_bound=1)
 flags.mark_flag_as_required("output_dir")
 flags.register_multi_flags_validator(
     ["data", "dataset"],
@@ -79,6 +102,10 @@ def main(argv):
         data_as_typed=FLAGS.data, dataset=FLAGS.dataset,
         num_examples=FLAGS.num_examples, data_dir=cli.path(FLAGS.data_dir),
         num_classes=FLAGS.num_classes, seed=FLAGS.seed,
+        test_examples=FLAGS.test_examples, sweep_n=FLAGS.sweep_n,
+        sweep_dims=FLAGS.sweep_dims, reduce=FLAGS.reduce,
+        reduced_dim=FLAGS.reduced_dim,
+        johnson_lindenstrauss=FLAGS.johnson_lindenstrauss,
         keras_check_examples=FLAGS.keras_check_examples,
         sgd_steps=FLAGS.sgd_steps, sgd_batch_size=FLAGS.sgd_batch_size,
         sgd_learning_rate=FLAGS.sgd_learning_rate, log=log,

@@ -47,6 +47,8 @@ flags.mark_flag_as_required("model_name")
 
 
 def main(argv):
+  cli.stop_on_signals()
+  cli.check_finite_flags()
   input_paths = argv[1:]
   if not input_paths:
     raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "

@@ -34,7 +34,8 @@ flags.DEFINE_float("cluster_timeout", 600.0,
                    "multi_worker_mirrored: seconds the workers of TF_CONFIG "
                    "may take to join before the run stops.", lower_bound=1.0)
 flags.DEFINE_boolean("dry_run", False,
-                     "Resolve, print and write config.json, then exit.")
+                     "Resolve, check and print the configuration, then exit "
+                     "(nothing is written).")
 # One override flag per configs.Config field; unset flags keep the preset's.
 cli.define_config_flags(configs.Config)
 

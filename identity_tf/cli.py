@@ -5,7 +5,9 @@ are checked."""
 
 import contextlib
 import dataclasses
+import math
 import os
+import signal
 import sys
 
 from absl import flags
@@ -20,11 +22,44 @@ def begin(argv, example="--help"):
   binary takes positional arguments (but those that say so and do not call
   this): one line naming them and how flags look (EXAMPLE), exit status 1.
   """
+  stop_on_signals()
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+  check_finite_flags()
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
                      f"flags look like {example}")
+
+
+def stop_on_signals():
+  """From here on SIGTERM and SIGINT stop the binary with one line and the
+  shell's status for the signal (143, 130), instead of a traceback from
+  wherever Python was (often inside `import tensorflow`) or no word at all.
+  Training replaces this with its own handling once it can save a
+  checkpoint (`training.preemption`). What a stop here leaves is what
+  kill -9 would: every binary writes its files so that it is whole."""
+  def stop(signum, _):
+    name = signal.Signals(signum).name
+    os.write(2, f"error: stopped by {name}; run the same command to start "
+                f"again\n".encode())
+    os._exit(128 + signum)  # pylint: disable=protected-access
+  try:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(signum, stop)
+  except ValueError:  # Not the main thread: the caller's handlers stay.
+    pass
+
+
+def check_finite_flags():
+  """One line and exit status 1 if a float flag was given NaN or an
+  infinity (absl's bounds let both through: NaN compares false, and inf
+  is above any lower bound)."""
+  for name in flags.FLAGS:
+    flag = flags.FLAGS[name]
+    if (isinstance(flag.parser, flags.FloatParser) and flag.present and
+        flag.value is not None and not math.isfinite(flag.value)):
+      raise SystemExit(f"error: --{name} must be a finite number, got "
+                       f"{flag.value}")
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ docs/training.md.
 """
 
 import dataclasses
+import math
 
 from identity_tf import architectures
 
@@ -34,6 +35,8 @@ from identity_tf import architectures
 SCHEDULES = ("piecewise", "exponential", "constant")
 STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu",
               "parameter_server")
+# Keras dtype policies: the weights stay float32 in all three.
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 MODELS = tuple(sorted(architectures.MODELS))
 
 # The fields that define the network and its input; a model_dir holds one
@@ -140,6 +143,20 @@ class Config:
                          f"{_names(STRATEGIES)}.")
   deterministic: bool = _field(False, "Deterministic ops and input: "
                                "bit-identical reruns and resumes on CPU.")
+  # Speed. Mixed precision computes the convolutions in 16 bits and keeps
+  # the weights, the frozen projection, the logits and the loss in float32.
+  precision: str = _field(
+      "float32", f"Compute precision: {_names(PRECISIONS)}. "
+      "mixed_bfloat16 suits CPUs with AVX512-BF16 or AMX and TPUs; "
+      "mixed_float16 suits GPUs and adds Keras's dynamic loss scaling. The "
+      "weights, the logits and the loss stay float32 (BENCHMARKS.md).")
+  float32_stream: bool = _field(
+      False, "Under mixed precision, add each residual branch (computed in "
+      "16 bits) to a float32 stream: a branch far smaller than its input, as "
+      "the paper's initialisation makes them, is then not rounded away.")
+  jit_compile: bool = _field(False, "Compile the train step's forward and "
+                             "backward pass with XLA (GPUs and TPUs; slower "
+                             "on CPU, BENCHMARKS.md).")
 
 
 # Section 4.1, the same for CIFAR-10 and CIFAR-100, as the text states it.
@@ -271,6 +288,33 @@ STUDIES = {
                 seeds=(0, 1, 2),
                 description="the batch-norm baseline, the paper's recipe"),
         )),
+    # Whether 16-bit compute costs the identity parametrisation accuracy
+    # (docs/results.md): the preset and the batch-norm baseline in float32
+    # (the stabilisers study's arms of the same name) and in bfloat16.
+    "precision": Study(
+        "precision",
+        "cifar10_paper (clipped) and the batch-norm baseline, each in "
+        "float32 and in mixed_bfloat16.",
+        arms=(
+            Arm("clip", _LITERAL, _CLIP, seeds=(0, 1, 2),
+                description="cifar10_paper, float32"),
+            Arm("clip_bf16", _LITERAL,
+                _CLIP + (("precision", "mixed_bfloat16"),), seeds=(0, 1, 2),
+                description="cifar10_paper, mixed_bfloat16"),
+            # The branches the paper's initialisation makes small are partly
+            # rounded away in a bfloat16 sum (BENCHMARKS.md, bf16_identity):
+            # whether adding them in float32 matters.
+            Arm("clip_bf16_stream", _LITERAL,
+                _CLIP + (("precision", "mixed_bfloat16"),
+                         ("float32_stream", True)), seeds=(0,),
+                description="cifar10_paper, mixed_bfloat16, float32 "
+                            "residual stream"),
+            Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
+                seeds=(0, 1, 2), description="batch norm, float32"),
+            Arm("resnet_bn_bf16", _LITERAL,
+                (("model", "resnet_bn"), ("precision", "mixed_bfloat16")),
+                seeds=(0, 1, 2), description="batch norm, mixed_bfloat16"),
+        )),
     # Minutes on two cores (synthetic data): to try the binary.
     "smoke": Study(
         "smoke", "The smoke preset as it is and with its rate raised ten "
@@ -298,6 +342,12 @@ def _non_negative(config, name):
 
 def validate(config):
   """ValueError (one line naming the flag and the fix) if CONFIG is bad."""
+  # Infinities pass every bound below (and would be written to config.json
+  # as the non-JSON Infinity); NaN fails them with a less useful line.
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ValueError(f"--{field.name} must be a finite number, got {value}")
   def one_of(name, valid, optional=False):
     value = getattr(config, name)
     if value not in valid and not (optional and value is None):
@@ -311,6 +361,7 @@ def validate(config):
       projection_scale=config.projection_scale)
   one_of("lr_schedule", SCHEDULES)
   one_of("strategy", STRATEGIES)
+  one_of("precision", PRECISIONS)
   # Which datasets exist is TFDS's to say (when the run starts); here only
   # the form of a TFDS name, e.g. fashion_mnist or emnist/letters.
   if not (isinstance(config.dataset, str) and config.dataset and

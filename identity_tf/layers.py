@@ -77,8 +77,13 @@ class _ConvUnitBase(keras.layers.Layer):
   """Configuration shared by the two convolutional residual units."""
 
   def __init__(self, filters, strides=1, use_bias=False,
-               kernel_initializer="paper", kernel_size=3, seed=None, **kwargs):
+               kernel_initializer="paper", kernel_size=3, seed=None,
+               branch_dtype=None, **kwargs):
     super().__init__(**kwargs)
+    # The branch's own dtype policy (e.g. "mixed_bfloat16" inside a float32
+    # unit: the branch computed in 16 bits, added to a float32 stream).
+    # None: the unit's.
+    self.branch_dtype = branch_dtype
     if filters <= 0 or strides <= 0 or kernel_size <= 0:
       raise ValueError(
           f"{type(self).__name__} needs positive filters, strides and "
@@ -97,9 +102,12 @@ class _ConvUnitBase(keras.layers.Layer):
       init = ResidualInitializer(init, seed=seed)
     elif isinstance(init, str):
       init = keras.initializers.get(init)
+    # The unit's own dtype policy, not the global one at build time, so that
+    # a unit computes in the precision it was created (or saved) with.
     return keras.layers.Conv2D(
         self.filters, self.kernel_size, strides=strides, padding="same",
-        use_bias=self.use_bias, kernel_initializer=init, name=name)
+        use_bias=self.use_bias, kernel_initializer=init, name=name,
+        dtype=self.branch_dtype or self.dtype_policy)
 
   def _check_input(self, input_shape):
     if input_shape[-1] > self.filters:
@@ -120,7 +128,7 @@ class _ConvUnitBase(keras.layers.Layer):
     return {**super().get_config(), "filters": self.filters,
             "strides": self.strides, "use_bias": self.use_bias,
             "kernel_initializer": init, "kernel_size": self.kernel_size,
-            "seed": self.seed}
+            "seed": self.seed, "branch_dtype": self.branch_dtype}
 
   @classmethod
   def from_config(cls, config):
@@ -195,20 +203,22 @@ class ConvResidualUnit(_ConvUnitBase):
     self.conv2.build(self.conv1.compute_output_shape(input_shape))
 
   def call(self, x):
+    # Each scalar in the dtype of what it meets; the branch is added in the
+    # stream's dtype (they differ under branch_dtype).
+    def plus(t, weight):
+      return t + ops.cast(weight, t.dtype)
     if self.residual == "fixup":
-      def scalar(weight):
-        return ops.cast(weight, x.dtype)
-      shifted = x + scalar(self.bias1a)
-      hidden = ops.relu(self.conv1(shifted) + scalar(self.bias1b))
-      branch = self.conv2(hidden + scalar(self.bias2a))
-      branch = branch * scalar(self.scale) + scalar(self.bias2b)
+      shifted = plus(x, self.bias1a)
+      hidden = ops.relu(plus(self.conv1(shifted), self.bias1b))
+      branch = self.conv2(plus(hidden, self.bias2a))
+      branch = plus(branch * ops.cast(self.scale, branch.dtype), self.bias2b)
       changes_shape = self.strides > 1 or x.shape[-1] != self.filters
       return shortcut(shifted if changes_shape else x, self.filters,
-                      self.strides) + branch
+                      self.strides) + ops.cast(branch, x.dtype)
     branch = self.conv2(ops.relu(self.conv1(x)))
     if self.residual == "skipinit":
       branch = branch * ops.cast(self.branch_gain, branch.dtype)
-    return shortcut(x, self.filters, self.strides) + branch
+    return shortcut(x, self.filters, self.strides) + ops.cast(branch, x.dtype)
 
   def get_config(self):
     return {**super().get_config(), "residual": self.residual,
@@ -225,9 +235,10 @@ class PreActivationUnit(_ConvUnitBase):
 
   def build(self, input_shape):
     self._check_input(input_shape)
-    self.bn1 = keras.layers.BatchNormalization(name="bn1")
+    branch_dtype = self.branch_dtype or self.dtype_policy
+    self.bn1 = keras.layers.BatchNormalization(name="bn1", dtype=branch_dtype)
     self.conv1 = self._conv(self.strides, 0, "conv1")
-    self.bn2 = keras.layers.BatchNormalization(name="bn2")
+    self.bn2 = keras.layers.BatchNormalization(name="bn2", dtype=branch_dtype)
     self.conv2 = self._conv(1, 1, "conv2")
     self.bn1.build(input_shape)
     self.conv1.build(input_shape)
@@ -238,7 +249,7 @@ class PreActivationUnit(_ConvUnitBase):
   def call(self, x, training=None):
     branch = self.conv1(ops.relu(self.bn1(x, training=training)))
     branch = self.conv2(ops.relu(self.bn2(branch, training=training)))
-    return shortcut(x, self.filters, self.strides) + branch
+    return shortcut(x, self.filters, self.strides) + ops.cast(branch, x.dtype)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -18,6 +18,7 @@ images to logits. Names:
 No network here normalises anything unless `norm=True` (`resnet_bn`).
 """
 
+import contextlib
 import math
 
 import keras
@@ -35,8 +36,30 @@ def _scaled(channels, width):
   return max(1, int(round(channels * width)))
 
 
-def build_model(name, **options):
+@contextlib.contextmanager
+def precision_policy(precision):
+  """Keras's global dtype policy set to PRECISION ("float32",
+  "mixed_bfloat16", "mixed_float16"; None: unchanged) inside the block."""
+  if precision is None:
+    yield
+    return
+  previous = keras.config.dtype_policy()
+  keras.config.set_dtype_policy(precision)
+  try:
+    yield
+  finally:
+    keras.config.set_dtype_policy(previous)
+
+
+def build_model(name, precision=None, float32_stream=False, **options):
   """Builds network NAME (see module docstring) with OPTIONS.
+
+  PRECISION: the Keras dtype policy its layers compute in ("float32",
+  "mixed_bfloat16", "mixed_float16"; None: the global policy). The weights
+  are float32 in all of them, and so are the frozen projection and the
+  logits. FLOAT32_STREAM: under a mixed PRECISION, the residual units add
+  their branch (computed in 16 bits) to a float32 stream, so that a branch
+  far smaller than its input is not rounded away in the sum.
 
   Options: classes (int), width (float multiplier of every width), units (int
   or one int per stage), norm (bool: batch-norm pre-activation units), head
@@ -48,6 +71,15 @@ def build_model(name, **options):
   None) take the network's defaults. Raises ValueError naming the valid
   values.
   """
+  with precision_policy(precision):
+    policy = keras.config.dtype_policy()
+    mixed = policy.compute_dtype != policy.variable_dtype
+    stream = ({"dtype": policy.variable_dtype, "branch_dtype": policy.name}
+              if float32_stream and mixed else {})
+    return _build_model(name, stream, **options)
+
+
+def _build_model(name, stream, **options):
   arch, opts = resolve_options(name, **options)
   seed, init = opts["seed"], opts["init"]
   size = opts["image_size"]
@@ -73,7 +105,8 @@ def build_model(name, **options):
       x = unit_class(
           _scaled(width, opts["width"]), strides=stride if unit == 0 else 1,
           use_bias=opts["use_bias"], kernel_initializer=init, seed=unit_seed,
-          name=f"stage{stage + 1}_unit{unit + 1}", **unit_options)(x)
+          name=f"stage{stage + 1}_unit{unit + 1}", **unit_options,
+          **stream)(x)
       unit_seed += 2
   if opts["norm"]:
     x = keras.layers.BatchNormalization(name="final_bn")(x)

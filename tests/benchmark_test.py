@@ -251,19 +251,44 @@ class OtherSuitesTest(absltest.TestCase):
       path = os.path.join(directory, "out.json")
       result = testing.run_binary(
           "benchmark", "--suite=bf16", "--width=0.125", "--units=1",
-          "--batch_size=8", "--repeats=1", "--smoke_steps=1", f"--json={path}",
+          "--batch_size=8", "--repeats=1", "--smoke_steps=1",
+          "--loop_steps=10", "--sgemm_size=128", f"--json={path}",
           check=True)
       with open(path) as f:
-        results = json.load(f)["results"]
+        report = json.load(f)
+    results = report["results"]
     self.assertTrue(result.stdout.splitlines()[1].startswith(
         "mixed_bfloat16 / float32"))
     self.assertEqual(list(results["contenders"]),
-                     ["float32", "mixed_bfloat16"])
+                     ["float32", "mixed_bfloat16",
+                      "mixed_bfloat16, float32 stream"])
     self.assertIn("median", results["speedup_bf16_over_float32"])
+    self.assertEqual(set(results["cpu_bf16_features"]),
+                     {"avx512_bf16", "amx_bf16", "amx_tile"})
+    self.assertGreater(results["bf16_matmul"]["tensorflow"], 0)
+    self.assertGreater(results["bf16_step_fraction_of_matmul_peak"], 0)
+    self.assertEqual(set(results["train_loop_images_per_second"]),
+                     {"float32", "mixed_bfloat16"})
+    self.assertEqual(report["flags"]["loop_steps"], 10)
     for policy in ("float32", "mixed_bfloat16"):
       smoke = results["smoke_accuracy"][policy]
       self.assertEqual(smoke["steps"], 1)
       self.assertTrue(0 <= smoke["top1"] <= 1 and math.isfinite(smoke["loss"]))
+
+  def test_bf16_identity(self):
+    with tempfile.TemporaryDirectory() as directory:
+      path = os.path.join(directory, "out.json")
+      result = testing.run_binary(
+          "benchmark", "--suite=bf16_identity", "--width=0.125", "--units=1",
+          "--batch_size=4", f"--json={path}", check=True)
+      with open(path) as f:
+        results = json.load(f)["results"]
+    self.assertEqual(list(results["units"]), ["init"])
+    self.assertEqual([row["unit"] for row in results["units"]["init"]],
+                     ["stage1_unit1", "stage2_unit1", "stage3_unit1"])
+    self.assertEqual(set(results["stages"]["init"]),
+                     {"stage1", "stage2", "stage3"})
+    self.assertIn("initialisation: stage1 ", result.stdout)
 
   def test_input_pipeline(self):
     with tempfile.TemporaryDirectory() as directory:

@@ -9,6 +9,7 @@ from absl.testing import absltest
 import keras
 import numpy as np
 
+from identity_tf.theory import capacity
 from identity_tf.theory import construction
 from identity_tf.theory import construction_model
 from identity_tf.theory import construction_run
@@ -37,6 +38,44 @@ def dense_forward(weights, x):
 
 def random_data(rng, n, d, r):
   return rng.standard_normal((n, d)), rng.integers(0, r, n)
+
+
+def pca_by_svd(x, dim):
+  """X's rows in the coordinates of their top DIM principal axes, by SVD."""
+  centred = x - x.mean(axis=0)
+  _, _, axes = np.linalg.svd(centred, full_matrices=False)
+  return centred @ axes[:dim].T
+
+
+def dense_separation(x):
+  """rho: the smallest distance between X's rows on the sphere of
+  Assumption 3.1 (centred, scaled to unit RMS, t = 1), by a dense Gram."""
+  centred = x - x.mean(axis=0)
+  scale = np.sqrt(np.mean(np.sum(centred**2, axis=1)))
+  z = np.concatenate([centred / scale, np.ones((len(x), 1))], axis=1)
+  z /= np.linalg.norm(z, axis=1, keepdims=True)
+  gram = z @ z.T - 3 * np.eye(len(x))
+  return np.sqrt(max(0.0, 2 - 2 * gram.max()))
+
+
+def pca_projector(x, dim):
+  """The orthogonal projector onto the top DIM principal axes of X's rows."""
+  axes = np.linalg.svd(x - x.mean(axis=0), full_matrices=False)[2][:dim]
+  return axes.T @ axes
+
+
+def parameters_by_formula(n, d, k, r):
+  """mu, s, t, A0, L units of U, V, b, and U_out, b_out, V_out."""
+  units = int(np.ceil(n / k))
+  return d + 2 + k * (d + 1) + units * (2 * k * k + k) + r * k + r + r * r
+
+
+def clustered_points(rng, n=600, d=1000, clusters=5, spread=0.8):
+  """Points around a few centres: rho ~ 0.6 on the sphere, far below the
+  ~1.4 of independent Gaussian points."""
+  centres = rng.standard_normal((clusters, d))
+  return (centres[rng.integers(0, clusters, n)] +
+          spread * rng.standard_normal((n, d)))
 
 
 class ConstructionTest(absltest.TestCase):
@@ -85,14 +124,19 @@ class ConstructionTest(absltest.TestCase):
 
   def test_johnson_lindenstrauss_regime(self):
     # Unit vectors in high dimension: the theorem's own setting (t = 0) and
-    # well separated, so a Gaussian A0 to k < d + 1 keeps the lemma valid.
+    # well separated, so a Gaussian A0 to k = 32 ln n / rho^2 < n keeps the
+    # lemma valid.
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((70, 3000))
+    x = rng.standard_normal((300, 3000))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    y = rng.integers(0, 5, 70)
-    result = self.assert_fits(x, y)
+    y = rng.integers(0, 5, 300)
+    result = self.assert_fits(x, y, johnson_lindenstrauss=True)
     self.assertEqual(result.mode, "johnson-lindenstrauss")
-    self.assertLess(result.k, 3001)
+    self.assertIsNone(result.jl_fallback)
+    rho = np.sqrt(2 - 2 * np.max(x @ x.T - 2 * np.eye(300)))
+    self.assertAlmostEqual(result.rho, rho, delta=1e-9)
+    self.assertEqual(result.k, int(np.ceil(32 * np.log(300) / rho**2)))
+    self.assertLess(result.k, 300)
     self.assertEqual(float(result.weights["t"]), 0.0)
     np.testing.assert_array_equal(result.weights["mu"], 0)
 
@@ -219,16 +263,20 @@ class ConstructionTest(absltest.TestCase):
     np.testing.assert_array_equal(np.argmax(logits, axis=1), y)
 
   def test_parameters_grow_like_n_log_n(self):
-    # Well-separated points (unit vectors in d = 4000): k = O(log n), so
-    # parameters / (n log n + r^2) stays bounded while n grows 8x.
+    # Well-separated points (unit vectors in d = 2000) and the
+    # Johnson-Lindenstrauss option: k = O(log n), so the residual units'
+    # parameters / (n log n) stay bounded while n grows 8x (the lossless
+    # k = n would make them grow like n / log n).
     rng = np.random.default_rng(10)
     ratios = []
-    for n in (50, 400):
-      x = rng.standard_normal((n, 4000))
+    for n in (200, 1600):
+      x = rng.standard_normal((n, 2000))
       x /= np.linalg.norm(x, axis=1, keepdims=True)
-      result = construction.construct(x, rng.integers(0, 2, n))
+      result = construction.construct(x, rng.integers(0, 2, n),
+                                      johnson_lindenstrauss=True)
       self.assertEqual(result.mode, "johnson-lindenstrauss")
-      ratios.append(construction.parameter_ratio(result.weights, n, 2))
+      ratios.append(construction.residual_parameters(result.weights) /
+                    (n * np.log(n)))
     self.assertLess(ratios[1], 1.5 * ratios[0])
 
   def test_images_of_a_dataset(self):
@@ -244,7 +292,8 @@ class ConstructionTest(absltest.TestCase):
   def test_sgd_contrast_runs(self):
     rng = np.random.default_rng(11)
     x, y = random_data(rng, 24, 3, 2)
-    history = construction_sgd.train_by_sgd(x, y, 2, 4, 6, steps=4, batch_size=8)
+    history, _ = construction_sgd.train_by_sgd(x, y, 2, 4, 6, steps=4,
+                                               batch_size=8)
     self.assertEqual(history[-1][0], 4)
     for _, fit in history:
       self.assertBetween(fit, 0.0, 1.0)
@@ -319,6 +368,129 @@ class SavedModelTest(absltest.TestCase):
     np.testing.assert_array_equal(np.argmax(logits, axis=1), y)
 
 
+class CapacityTest(absltest.TestCase):
+  """Theorem 3.2 read on data: the sweep, the reductions, the
+  Johnson-Lindenstrauss option and the held-out accuracy."""
+
+  def test_sweep_counts_match_independent_constructions(self):
+    rng = np.random.default_rng(20)
+    x, y = random_data(rng, 300, 12, 4)
+    x_test, y_test = random_data(rng, 25, 12, 4)
+    rows = capacity.sweep(x, y, 4, [8, 40, 300], [12, 5], method="pca",
+                          x_test=x_test, y_test=y_test)
+    self.assertEqual([(row["n"], row["d"]) for row in rows],
+                     [(8, 12), (8, 5), (40, 12), (40, 5), (300, 12),
+                      (300, 5)])
+    for row in rows:
+      with self.subTest(n=row["n"], d=row["d"]):
+        n, dim = row["n"], row["d"]
+        points = x[:n] if dim == 12 else pca_by_svd(x[:n], dim)
+        built = construction.construct(points, y[:n], num_classes=4)
+        k = min(n, dim + 1)  # lossless: the span, or all of R^(d+1)
+        self.assertEqual((row["k"], built.k), (k, k))
+        self.assertEqual(row["L"], int(np.ceil(n / k)))
+        self.assertEqual(row["parameters"],
+                         construction.count_parameters(built.weights))
+        self.assertEqual(row["parameters"],
+                         parameters_by_formula(n, dim, k, 4))
+        self.assertAlmostEqual(row["n_log_n_plus_r2"], n * np.log(n) + 16)
+        self.assertAlmostEqual(row["ratio"],
+                               row["parameters"] / row["n_log_n_plus_r2"])
+        self.assertAlmostEqual(row["rho"], dense_separation(points),
+                               delta=1e-9)
+        self.assertTrue(row["fitted"])
+        self.assertEqual(row["test_examples"], 25)
+        self.assertBetween(row["test_accuracy"], 0.0, 1.0)
+
+  def test_reductions_give_points_of_that_dimension_fitted_exactly(self):
+    rng = np.random.default_rng(21)
+    x, y = random_data(rng, 200, 30, 3)
+    for method in capacity.REDUCTIONS:
+      with self.subTest(method=method):
+        mapping = capacity.reduction(x, 6, method, seed=4)
+        points = mapping.apply(x)
+        self.assertEqual(points.shape, (200, 6))
+        if method == "pca":  # The same subspace: the same distances.
+          reference = pca_by_svd(x, 6)
+          np.testing.assert_allclose(points @ points.T,
+                                     reference @ reference.T, atol=1e-9)
+        else:  # Seeded: the same map for any points of that d.
+          np.testing.assert_array_equal(
+              capacity.reduction(x[:7], 6, method, seed=4).matrix,
+              mapping.matrix)
+        result = construction.construct(points, y)
+        np.testing.assert_array_equal(
+            np.argmax(dense_forward(result.weights, points), axis=1), y)
+    self.assertIsNone(capacity.reduction(x, 30, "pca"))
+    with self.assertRaisesRegex(ValueError, r"cannot reduce d = 30 inputs "
+                                r"to 31 coordinates"):
+      capacity.reduction(x, 31, "random")
+
+  def test_johnson_lindenstrauss_on_clustered_data_falls_back(self):
+    rng = np.random.default_rng(22)
+    x = clustered_points(rng)
+    y = rng.integers(0, 3, len(x))
+    lines = []
+    result = construction.construct(x, y, johnson_lindenstrauss=True,
+                                    log=lines.append)
+    rho = dense_separation(x)
+    k = int(np.ceil(32 * np.log(600) / rho**2))
+    self.assertLess(k, 600)  # It was worth trying: narrower than lossless.
+    self.assertRegex(result.jl_fallback, rf"^Johnson-Lindenstrauss: the "
+                     rf"projection to k = {k} lost the separation in 3 "
+                     rf"draws .*falling back to the unprojected "
+                     rf"construction \(k = 600\)$")
+    self.assertNotIn("\n", result.jl_fallback)
+    self.assertIn(result.jl_fallback, lines)
+    self.assertEqual((result.mode, result.k), ("span", 600))
+    np.testing.assert_array_equal(
+        np.argmax(dense_forward(result.weights, x), axis=1), y)
+    # Without the option nothing is tried and nothing is said.
+    plain = construction.construct(x, y)
+    self.assertIsNone(plain.jl_fallback)
+    self.assertEqual(plain.k, 600)
+
+  def test_more_dimensions_than_points(self):
+    # d = 500, n = 100: the lossless A0 maps onto the points' span (k = n),
+    # which the Johnson-Lindenstrauss width (190) does not beat.
+    rng = np.random.default_rng(0)
+    x, y = random_data(rng, 100, 500, 5)
+    result = construction.construct(x, y, num_classes=5,
+                                    johnson_lindenstrauss=True)
+    self.assertEqual((result.mode, result.k, result.num_units),
+                     ("span", 100, 1))
+    self.assertRegex(result.jl_fallback, r"k = \d+ .* is no narrower than "
+                     r"the lossless k = 100")
+    self.assertEqual(construction.count_parameters(result.weights),
+                     parameters_by_formula(100, 500, 100, 5))
+    a0 = result.weights["A0"]
+    z = construction.to_sphere(x, *construction.normalization(x))
+    np.testing.assert_allclose((z @ a0.T) @ (z @ a0.T).T, z @ z.T,
+                               atol=1e-12)  # An isometry on the points.
+    np.testing.assert_array_equal(
+        np.argmax(dense_forward(result.weights, x), axis=1), y)
+
+  def test_held_out_accuracy_matches_a_numpy_forward_pass(self):
+    rng = np.random.default_rng(23)
+    x, y = random_data(rng, 150, 8, 3)
+    # Training points, points very near them, and fresh points, all in the
+    # PCA coordinates of the training points (computed here by SVD).
+    x_test = np.concatenate([x[:30], x[30:60] + 1e-9,
+                             rng.standard_normal((40, 8))])
+    y_test = np.concatenate([y[:60], rng.integers(0, 3, 40)])
+    centred = x - x.mean(axis=0)
+    axes = np.linalg.svd(centred, full_matrices=False)[2][:5]
+    points, test_points = centred @ axes.T, (x_test - x.mean(axis=0)) @ axes.T
+    result = construction.construct(points, y)
+    figures = capacity.held_out(result.weights, test_points, y_test)
+    logits = dense_forward(result.weights, test_points)
+    self.assertEqual(figures["test_accuracy"],
+                     np.mean(np.argmax(logits, axis=1) == y_test))
+    self.assertEqual(figures["test_zero_logits"],
+                     np.mean(np.all(logits == 0, axis=1)))
+    self.assertEqual(figures["test_examples"], 100)
+
+
 class RunTest(absltest.TestCase):
 
   def test_an_output_dir_that_is_a_file_is_refused_before_any_work(self):
@@ -380,6 +552,105 @@ class BinaryTest(absltest.TestCase):
     self.assertGreater(report["rho"], 0)
     self.assertIn("rho_prime", report)
     self.assertIn("seconds", report)
+
+  def test_sweep_writes_json_and_png_and_prints_one_object(self):
+    rng = np.random.default_rng(24)
+    x, y = random_data(rng, 90, 10, 3)
+    x_test, y_test = random_data(rng, 20, 10, 3)
+    with tempfile.TemporaryDirectory() as tmp:
+      np.savez(os.path.join(tmp, "points.npz"), x=x, y=y, x_test=x_test,
+               y_test=y_test)
+      result = testing.run_binary(
+          "construct", f"--data={tmp}/points.npz", f"--output_dir={tmp}/out",
+          "--sweep_n=30,90", "--sweep_dims=10,4", "--reduce=random",
+          check=True)
+      with open(os.path.join(tmp, "out", "sweep.json")) as f:
+        report = json.load(f)
+      with open(os.path.join(tmp, "out", "sweep.png"), "rb") as f:
+        self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    summary = json.loads(result.stdout)  # One JSON object, nothing else.
+    self.assertLen(summary["rows"], 4)
+    for row, printed in zip(report["rows"], summary["rows"]):
+      with self.subTest(n=row["n"], d=row["d"]):
+        n, dim = row["n"], row["d"]
+        # The seeded Gaussian projection, as the docs describe it.
+        matrix = np.random.default_rng((0, dim)).standard_normal((10, dim))
+        points = x[:n] if dim == 10 else x[:n] @ matrix / np.sqrt(dim)
+        built = construction.construct(points, y[:n])
+        self.assertEqual(printed["parameters"], row["parameters"])
+        self.assertEqual(row["parameters"],
+                         construction.count_parameters(built.weights))
+        self.assertEqual(row["reduce"], "none" if dim == 10 else "random")
+        self.assertTrue(row["fitted"])
+        test_points = x_test if dim == 10 else x_test @ matrix / np.sqrt(dim)
+        self.assertEqual(row["test_accuracy"], np.mean(np.argmax(
+            dense_forward(built.weights, test_points), axis=1) == y_test))
+
+  def test_reduced_run_reports_both_test_accuracies(self):
+    rng = np.random.default_rng(25)
+    x, y = random_data(rng, 60, 9, 3)
+    x_test, y_test = random_data(rng, 15, 9, 3)
+    with tempfile.TemporaryDirectory() as tmp:
+      np.savez(os.path.join(tmp, "points.npz"), x=x, y=y, x_test=x_test,
+               y_test=y_test)
+      result = testing.run_binary(
+          "construct", f"--data={tmp}/points.npz", f"--output_dir={tmp}/out",
+          "--reduced_dim=4", "--sgd_steps=3", "--keras_check_examples=0",
+          check=True)
+      with open(os.path.join(tmp, "out", "report.json")) as f:
+        report = json.load(f)
+      weights = construction.load_weights(os.path.join(tmp, "out",
+                                                        "weights.npz"))
+      with np.load(os.path.join(tmp, "out", "reduction.npz")) as saved:
+        mean, matrix = saved["mean"], saved["matrix"]
+    summary = json.loads(result.stdout)
+    np.testing.assert_allclose(mean, x.mean(axis=0))
+    np.testing.assert_allclose(  # The PCA subspace of the training points.
+        matrix @ matrix.T, pca_projector(x, 4), atol=1e-9)
+    logits = dense_forward(weights, (x_test - mean) @ matrix)
+    self.assertEqual(report["test_accuracy"],
+                     np.mean(np.argmax(logits, axis=1) == y_test))
+    self.assertEqual((report["d"], report["d_raw"], report["reduce"]),
+                     (4, 9, "pca"))
+    self.assertEqual(report["training_accuracy"], 1.0)
+    self.assertBetween(report["sgd_test_accuracy"], 0.0, 1.0)
+    for key in ("parameters", "n_log_n_plus_r2", "ratio", "test_accuracy",
+                "sgd_test_accuracy"):
+      self.assertEqual(summary[key], report[key])
+
+  def test_bad_sweep_flags_are_one_line(self):
+    x, y = random_data(np.random.default_rng(26), 40, 5, 2)
+    cases = {
+        ("--sweep_n=10,abc",): r"--sweep_n=10,abc: 'abc' is not a positive "
+                               r"integer",
+        ("--sweep_n=0",): r"--sweep_n=0: '0' is not a positive integer",
+        ("--sweep_dims=3",): r"--sweep_dims needs --sweep_n",
+        ("--sweep_n=10", "--reduced_dim=3"): r"--reduced_dim is for one "
+                                             r"construction",
+        ("--sweep_n=10", "--sgd_steps=5"): r"--sgd_steps trains one network",
+        ("--sweep_n=10,41",): r"asks for 41 points but .* has 40 training "
+                              r"points",
+        ("--sweep_n=10", "--sweep_dims=6"): r"asks for 6 coordinates but the "
+                                            r"inputs have d = 5",
+        ("--reduced_dim=6",): r"--reduced_dim=6 exceeds the inputs' d = 5",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+      np.savez(os.path.join(tmp, "points.npz"), x=x, y=y)
+
+      def run(flags):
+        return testing.run_binary("construct", f"--data={tmp}/points.npz",
+                                  f"--output_dir={tmp}/out", *flags)
+
+      with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = dict(zip(cases, pool.map(run, cases)))
+    for flags, result in results.items():
+      with self.subTest(flags=flags):
+        self.assertEqual(result.returncode, 1)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        self.assertLen(lines, 1)
+        self.assertStartsWith(lines[0], "error: ")
+        self.assertRegex(lines[0], cases[flags])
+        self.assertEqual(result.stdout, "")
 
   def test_bad_input_is_one_line(self):
     # Every message is checked in-process by ConstructionTest.test_invalid_input

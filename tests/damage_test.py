@@ -155,11 +155,19 @@ class DamageTest(testing.SharedRootTestCase):
     for step in (40, 80, 120):
       _flip(os.path.join(model_dir, f"ckpt-{step}.data-00000-of-00001"), 100)
     before = _snapshot(model_dir)
+    lines = []
     with self.assertRaisesRegex(
         ValueError, r"holds checkpoints but none is intact \(ckpt-120: .*; "
         r"ckpt-80: .*; ckpt-40: .*\); nothing was changed"):
-      trainer.train(CONFIG, model_dir, echo=lambda line: None)
+      trainer.train(CONFIG, model_dir, echo=lines.append)
     self.assertEqual(_snapshot(model_dir), before)
+    # The error names them; no note before it says the same again.
+    self.assertFalse(any("is damaged" in line for line in lines), lines)
+    result = testing.run_binary("evaluate", f"--model_dir={model_dir}")
+    self.assertEqual(result.returncode, 1)
+    self.assertNotIn("note:", result.stderr)
+    self.assertRegex(testing.last_stderr_line(result),
+                     r"^error: no intact checkpoint in --model_dir=.*ckpt-120")
 
   def test_half_written_saves_are_cleaned_up(self):
     model_dir = self._copy()

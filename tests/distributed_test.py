@@ -184,8 +184,7 @@ class DistributedTest(testing.ProcessTestCase):
                      r"own task index; no answer from worker 1 \(127.0.0.1:")
     self.assertNotIn("Traceback", _read(alone))
     self.assertEqual(os.listdir(model_dir), [])
-    for signum, codes in ((signal.SIGTERM, (-signal.SIGTERM,)),
-                          (signal.SIGINT, (130,))):
+    for signum, codes in ((signal.SIGTERM, (143,)), (signal.SIGINT, (130,))):
       waiting = self._start(args[:-2] + ["--cluster_timeout=600", args[-1]],
                             task)
       deadline = time.time() + TIMEOUT
@@ -197,6 +196,8 @@ class DistributedTest(testing.ProcessTestCase):
       waiting.send_signal(signum)
       self.assertIn(waiting.wait(timeout=60), codes, _read(waiting))
       self.assertNotIn("Traceback", _read(waiting))
+      self.assertIn(f"stopped by {signal.Signals(signum).name}",
+                    _read(waiting).strip().splitlines()[-1])
       self.assertEqual(os.listdir(model_dir), [])
 
   def test_a_peer_that_died_is_named_in_one_line(self):
@@ -235,7 +236,7 @@ class DistributedTest(testing.ProcessTestCase):
     lines = []
     whole = self.create_tempdir().full_path
     trainer.train(config, whole, strategy=strategy, echo=lines.append)
-    self.assertIn("2 replica(s) (mirrored)", lines[0])
+    self.assertIn("2 replica(s) (mirrored)", "\n".join(lines))
     halves = self.create_tempdir().full_path
     trainer.train(configs.override(config, train_steps=10), halves,
                 strategy=strategy, echo=lines.append)
@@ -248,6 +249,30 @@ class DistributedTest(testing.ProcessTestCase):
     self.assertGreater(len(resumed), 5)
     for name, value in uninterrupted.items():
       self.assertTrue(np.array_equal(resumed[name], value), name)
+
+  def test_mirrored_mixed_precision_matches_one_replica(self):
+    # Two replicas share the global batch: the same steps as one replica,
+    # to 16-bit round-off (the replicas' gradients are summed in another
+    # order). Under mixed_float16 the loss scale is one for both replicas.
+    for precision in ("mixed_bfloat16", "mixed_float16"):
+      config = configs.resolve(
+          "smoke", width=0.0625, units="1", batch_size=16, train_steps=10,
+          checkpoint_steps=10, log_steps=10, steps_per_loop=5,
+          eval_at_end=False, deterministic=True, precision=precision)
+      mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+      two, one = (self.create_tempdir().full_path for _ in range(2))
+      lines = []
+      trainer.train(configs.override(config, strategy="mirrored"), two,
+                    strategy=mirrored, echo=lines.append)
+      self.assertIn("2 replica(s) (mirrored)", "\n".join(lines))
+      trainer.train(config, one, echo=lines.append)
+      start = _weights_at_init()
+      two, one = _weights(two), _weights(one)
+      for name in start:
+        moved = np.max(np.abs(one[name] - start[name]))
+        np.testing.assert_allclose(two[name], one[name], rtol=0,
+                                   atol=0.05 * moved + 1e-6,
+                                   err_msg=f"{precision} {name}")
 
   def test_parameter_server_trains_and_checkpoints(self):
     model_dir = self.create_tempdir().full_path

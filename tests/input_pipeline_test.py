@@ -11,6 +11,7 @@ datasets with TFDS's random mock examples.
 import importlib.resources
 import importlib.resources.abc
 import io
+import gzip
 import json
 import os
 import shutil
@@ -413,6 +414,35 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
     self.assertNotIn(testing.FASHION_FILES["train"][0] + ",", message)
     with self.assertRaisesRegex(ValueError, "is not a directory"):
       tfds_data.prepare("fashion_mnist", data_dir, source_dir=incomplete + "/absent")
+
+  def test_a_failed_preparation_does_not_poison_the_data_dir(self):
+    # A file cut short inside a valid gzip: TFDS's parser fails on it.
+    truncated = os.path.join(self.create_tempdir().full_path, "raw")
+    shutil.copytree(self.fashion_raw, truncated)
+    name = testing.FASHION_FILES["test"][0]
+    with gzip.open(os.path.join(self.fashion_raw, name)) as f:
+      content = f.read()
+    with gzip.open(os.path.join(truncated, name), "wb") as f:
+      f.write(content[:len(content) // 2])
+    data_dir = self.create_tempdir().full_path
+    with testing.fewer_mnist_examples(FASHION_COUNTS):
+      with self.assertRaises(ValueError) as caught:
+        tfds_data.prepare("fashion_mnist", data_dir, source_dir=truncated,
+                          echo=lambda line: None)
+      message = str(caught.exception)
+      self.assertNotIn("\n", message)
+      self.assertIn(f"check the files it read from {truncated} (", message)
+      self.assertIn(name, message)
+      # Nothing of the attempt is left to be reused...
+      downloads = os.path.join(data_dir, "downloads")
+      self.assertEqual(os.listdir(downloads) if os.path.isdir(downloads)
+                       else [], [])
+      # ...so the good files prepare in the same data_dir.
+      tfds_data.prepare("fashion_mnist", data_dir, source_dir=self.fashion_raw,
+                        echo=lambda line: None)
+    self.assertEqual(
+        tfds_data.dataset_info("fashion_mnist", data_dir).num_eval_examples,
+        FASHION_COUNTS["test"])
 
   def test_grayscale_is_padded_and_replicated_like_numpy_does(self):
     fashion = datasets.preprocessing_config(

@@ -94,7 +94,8 @@ class SharpnessTest(absltest.TestCase):
     bad = testing.run_binary("sharpness",
                              f"--model_dir={os.path.join(model_dir, 'x')}")
     self.assertEqual(bad.returncode, 1)
-    self.assertStartsWith(testing.last_stderr_line(bad), "error: no config")
+    self.assertRegex(testing.last_stderr_line(bad),
+                     r"^error: --model_dir=.* holds no training run")
 
 
 if __name__ == "__main__":

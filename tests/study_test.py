@@ -12,6 +12,7 @@ import statistics
 from absl.testing import absltest
 
 from identity_tf import configs
+from identity_tf.training import metrics
 from identity_tf.training import study
 import testing
 
@@ -26,10 +27,16 @@ TINY_STUDY = configs.Study(
     ))
 
 
-def _run(seed, status, top1, nan_step=None, minutes=2.0):
+def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None):
   steps = [100 * (i + 1) for i in range(len(top1))]
+  # Reached at the first evaluation at or above the level, 1 s per step.
+  reached = {str(level): next(
+      ({"step": s, "wall_seconds": None, "estimated_seconds": float(s)}
+       for s, t in zip(steps, top1) if t >= level), None)
+             for level in study.TOP1_LEVELS}
   return {"seed": seed, "status": status, "nan_step": nan_step,
           "wall_seconds": 60 * minutes, "model_dir": "x",
+          "images_per_second": rate, "time_to_top1": reached,
           "final_top1": top1[-1] if status == "done" else None,
           "best_top1": max(top1) if top1 else None,
           "curves": {"train_loss": [[s, 2.0 / s] for s in steps],
@@ -42,8 +49,9 @@ MADE_UP = {
         {"name": "literal", "description": "as written", "runs": [
             _run(0, "diverged", [], nan_step=160, minutes=0.5)]},
         {"name": "clip", "description": "clipped", "runs": [
-            _run(0, "done", [0.80, 0.9120]), _run(1, "done", [0.82, 0.9050]),
-            _run(2, "done", [0.79, 0.9180])]},
+            _run(0, "done", [0.80, 0.9120], rate=100.0),
+            _run(1, "done", [0.82, 0.9050], rate=110.0),
+            _run(2, "done", [0.86, 0.9180], rate=120.0)]},
         {"name": "half", "description": "one seed left", "runs": [
             _run(0, "done", [0.7, 0.85]),
             _run(1, "running", [0.6], minutes=0.5)]},
@@ -55,18 +63,23 @@ class ReportTest(absltest.TestCase):
   def test_markdown_table(self):
     rows = study.markdown_table(MADE_UP).splitlines()
     self.assertLen(rows, 2 + 3)
-    # Columns: name, what, seeds, final, best, NaN step, wall time.
+    # Columns: name, what, seeds, final, best, NaN step, wall time,
+    # images/s, minutes to 85 / 90 / 92 %.
     literal, clip, half = (row.strip("| ").split(" | ") for row in rows[2:])
     self.assertEqual(literal[3:5], ["--", "--"])   # No evaluation before NaN.
-    self.assertEqual(literal[5:], ["160", "0.5 min"])
+    self.assertEqual(literal[5:], ["160", "0.5 min", "--", "-- / -- / --"])
     finals = [0.9120, 0.9050, 0.9180]
     self.assertEqual(
         clip[3], f"{100 * statistics.mean(finals):.2f} ± "
         f"{100 * statistics.pstdev(finals):.2f} (91.20, 90.50, 91.80)")
-    self.assertEqual(clip[5:], ["none", "2.0 min per seed"])
+    self.assertEqual(clip[5:7], ["none", "2.0 min per seed"])
+    self.assertEqual(clip[7], "110")
+    # 85 %: steps 200, 200, 100 at 1 s each; 92 %: none reached it.
+    self.assertEqual(clip[8], f"{500 / 3 / 60:.1f} / {200 / 60:.1f} / --")
     self.assertEqual(half[3], "85.00, --")  # No mean over a missing value.
     self.assertEqual(half[5], "1 unfinished")
     self.assertEqual(half[6], "2.0 min per seed")  # Finished runs only.
+    self.assertEqual(half[8], f"{200 / 60:.1f} (1/2) / -- / --")
 
   def test_report_files(self):
     output_dir = self.create_tempdir().full_path
@@ -82,6 +95,51 @@ class ReportTest(absltest.TestCase):
     with open(paths[study.CURVES_PNG], "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
     self.assertGreater(os.path.getsize(paths[study.CURVES_PNG]), 10_000)
+
+
+class TimeToLevelsTest(absltest.TestCase):
+
+  def test_wall_time_is_summed_over_sessions_up_to_the_evaluation(self):
+    records = [
+        {"step": 0, "start": True, "time": 1000.0},
+        {"step": 100, "loss": 1.0, "images_per_second": 50.0, "time": 1010.0},
+        {"step": 100, "eval": {"top1": 0.86}, "time": 1012.0},
+        {"step": 200, "loss": 0.9, "images_per_second": 70.0, "time": 1030.0},
+        # Killed; resumed from step 100 an hour later.
+        {"step": 100, "start": True, "time": 5000.0},
+        {"step": 200, "loss": 0.9, "images_per_second": 60.0, "time": 5020.0},
+        {"step": 200, "eval": {"top1": 0.91}, "time": 5025.0},
+        # //bin:evaluate's records do not count.
+        {"step": 200, "eval": {"top1": 0.95}, "source": "evaluate",
+         "time": 6000.0},
+    ]
+    reached = metrics.time_to_levels(records, (0.85, 0.9, 0.92))
+    self.assertEqual(reached[0.85], {"step": 100, "wall_seconds": 12.0})
+    # 30 s in the first session, 25 s in the second.
+    self.assertEqual(reached[0.9], {"step": 200, "wall_seconds": 55.0})
+    self.assertIsNone(reached[0.92])
+    self.assertEqual(metrics.images_per_second(records), 60.0)
+    # The training time of the run: //bin:evaluate's later record adds none.
+    self.assertEqual(metrics.wall_seconds(records), 55.0)
+
+
+class TimeToTop1Test(absltest.TestCase):
+
+  def test_evaluations_before_metrics_jsonl_come_from_the_event_files(self):
+    # A run resumed at step 200 by code that writes metrics.jsonl: the
+    # event files have every evaluation, metrics.jsonl those from 200 on.
+    top1 = [(100, 0.86), (200, 0.88), (300, 0.91)]
+    records = [{"step": 200, "start": True, "time": 0.0},
+               {"step": 300, "loss": 0.3, "images_per_second": 64.0,
+                "time": 40.0},
+               {"step": 300, "eval": {"top1": 0.91}, "time": 45.0}]
+    reached = study._time_to_top1(records, top1, 64.0, {"batch_size": 32})
+    # 85 %: step 100, before metrics.jsonl: no wall time, 100 x 32 / 64 s.
+    self.assertEqual(reached["0.85"], {"step": 100, "wall_seconds": None,
+                                       "estimated_seconds": 50.0})
+    self.assertEqual(reached["0.9"], {"step": 300, "wall_seconds": 45.0,
+                                      "estimated_seconds": 150.0})
+    self.assertIsNone(reached["0.92"])
 
 
 class RunConfigTest(absltest.TestCase):
@@ -125,6 +183,9 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(run["curves"]["test_top1"][-1][0], 63)
     self.assertEqual(run["final_top1"], run["curves"]["test_top1"][-1][1])
     self.assertGreater(run["wall_seconds"], 0)
+    self.assertGreater(run["images_per_second"], 0)
+    self.assertEqual(set(run["time_to_top1"]),
+                     {str(level) for level in study.TOP1_LEVELS})
     diverged = huge["runs"][0]
     self.assertEqual(diverged["status"], "diverged")
     self.assertBetween(diverged["nan_step"], 1, 63)

@@ -14,9 +14,11 @@ from identity_tf import cli
 from identity_tf import configs
 
 # The flags recorded in the JSON beside the results.
-RECORDED_FLAGS = ("model", "width", "units", "batch_size", "steps", "repeats",
+RECORDED_FLAGS = ("model", "width", "units", "batch_size", "precision",
+                  "jit_compile", "steps", "repeats",
                   "strategy", "torch_memory_formats", "torch_threads",
-                  "sgemm_size", "sgemm_repeats", "smoke_steps", "dataset",
+                  "sgemm_size", "sgemm_repeats", "loop_steps", "smoke_steps",
+                  "dataset",
                   "batches", "layers", "dims", "d", "l", "points", "n")
 
 
@@ -32,6 +34,7 @@ def options_from_flags(values):
                        f"{','.join(map(str, numbers))}")
     setattr(options, name, list(numbers))
   options.data_dir = cli.path(options.data_dir)
+  options.model_dir = cli.path(options.model_dir)
   plot = options.plot
   if plot is None:
     plot = f"benchmark_{options.suite}.png"

@@ -9,6 +9,7 @@ SGEMM peak where there is something to compare with; `benchmarks` holds
 the measuring tools they share.
 """
 
+import json
 import os
 import sys
 import tempfile
@@ -27,6 +28,8 @@ def _config(options, **overrides):
   units = None if options.units is None else (options.units,)
   # The paper's step as written: the PyTorch twin implements exactly that
   # (the presets' gradient clipping adds one norm over the weights).
+  overrides = {"precision": options.precision,
+               "jit_compile": options.jit_compile, **overrides}
   return configs.resolve(
       "cifar10_paper_literal", model=options.model, dataset=dataset,
       width=options.width, units=units, batch_size=options.batch_size,
@@ -197,54 +200,99 @@ def train_step_suite(options):
   return results, lines
 
 
-def _smoke_accuracy(policy, steps):
-  """Evaluation top-1 and loss of the smoke preset trained under POLICY."""
-  import keras  # pylint: disable=g-import-not-at-top
+def _smoke_accuracy(precision, steps):
+  """Evaluation top-1 and loss of the smoke preset trained in PRECISION."""
   from identity_tf import configs  # pylint: disable=g-import-not-at-top
   from identity_tf.training import trainer  # pylint: disable=g-import-not-at-top
   config = configs.resolve("smoke", train_steps=steps,
-                           checkpoint_steps=steps)
-  keras.mixed_precision.set_global_policy(policy)
-  try:
-    with tempfile.TemporaryDirectory() as model_dir:
-      result = trainer.train(
-          config, model_dir, echo=lambda line: log(f"smoke {policy}: {line}"))
-  finally:
-    keras.mixed_precision.set_global_policy("float32")
+                           checkpoint_steps=steps, precision=precision)
+  with tempfile.TemporaryDirectory() as model_dir:
+    result = trainer.train(
+        config, model_dir, echo=lambda line: log(f"smoke {precision}: {line}"))
   return {"top1": result["eval"]["top1"], "loss": result["eval"]["loss"],
           "train_loss": result["train_loss"], "steps": steps,
           "examples": result["eval"]["examples"]}
 
 
+def _loop_rate(options, precision, steps):
+  """images/s of //bin:train's own loop (`trainer.train`: the input
+  pipeline, the step, the progress lines) in PRECISION:
+  the median of its 10-step windows after the first (warm-up)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import trainer  # pylint: disable=g-import-not-at-top
+  config = _config(options, precision=precision, train_steps=steps + 10,
+                   log_steps=10, steps_per_loop=10, checkpoint_steps=10 ** 9,
+                   eval_at_end=False)
+  rates = []
+
+  def echo(line):
+    if line.startswith('{"step"'):
+      rates.append(json.loads(line)["images_per_second"])
+  with tempfile.TemporaryDirectory() as model_dir:
+    trainer.train(config, model_dir, echo=echo)
+  return float(np.median(rates[1:]))
+
+
 def bf16_suite(options):
-  import keras  # pylint: disable=g-import-not-at-top
+  """mixed_bfloat16 against float32: the step, its share of the bfloat16
+  matmul peak measured in the same run, and the smoke preset's accuracy."""
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
-  config = _config(options)
-  images, labels = tools.fixed_batch(config.batch_size)
+  images, labels = tools.fixed_batch(options.batch_size)
   contenders = []
-  for policy in ("float32", "mixed_bfloat16"):
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-      contender, _ = tf_contender(options, policy, config, images, labels)
-    finally:
-      keras.mixed_precision.set_global_policy("float32")
+  for name, precision, stream in (
+      ("float32", "float32", False),
+      ("mixed_bfloat16", "mixed_bfloat16", False),
+      ("mixed_bfloat16, float32 stream", "mixed_bfloat16", True)):
+    config = _config(options, precision=precision, float32_stream=stream)
+    contender, _ = tf_contender(options, name, config, images, labels)
     contenders.append(contender)
   alternate(contenders, options.steps, options.repeats)
   bf16_speedup = speedup(contenders[1], contenders[0])
+  stream_speedup = speedup(contenders[2], contenders[0])
+  flops = tools.train_flops_per_image(
+      tools.conv_shapes(options.model, **_model_options(options)))
+  log("bfloat16 matmul peak")
+  peak = tools.bf16_matmul_peak(options.sgemm_size, options.sgemm_repeats,
+                                log=log)
+  rate = contenders[1].figures()["images_per_second"]["median"]
+  share = rate * flops["train_flops"] / peak["tensorflow"]
+  _, cpu_flags = tools.cpu_model_and_flags()
   results = {"network": {"model": options.model, **_model_options(options),
-                         "batch_size": config.batch_size},
+                         "batch_size": options.batch_size},
              "step": STEP,
+             "cpu_bf16_features": tools.bf16_features(cpu_flags),
              "contenders": {c.name: c.figures() for c in contenders},
-             "speedup_bf16_over_float32": bf16_speedup}
+             "speedup_bf16_over_float32": bf16_speedup,
+             "speedup_bf16_float32_stream_over_float32": stream_speedup,
+             "bf16_matmul": peak, "flops_per_image": flops,
+             "bf16_step_fraction_of_matmul_peak": share}
   lines = [f"mixed_bfloat16 / float32: {bf16_speedup['median']:.2f}x images/s"
            f" (per-repeat range {bf16_speedup['min']:.2f}-"
            f"{bf16_speedup['max']:.2f}; "
-           f"target >= 1.3)"]
+           f"target >= 1.3)",
+           f"mixed_bfloat16 with a float32 residual stream / float32: "
+           f"{stream_speedup['median']:.2f}x images/s",
+           f"mixed_bfloat16 step: {rate * flops['train_flops'] / 1e12:.3f} "
+           f"TFLOP/s = {share:.0%} of the bfloat16 matmul peak "
+           f"({peak['tensorflow'] / 1e12:.3f} TFLOP/s, {options.sgemm_size}^3"
+           f"); CPU bfloat16 features: "
+           + (", ".join(k for k, v in tools.bf16_features(cpu_flags).items()
+                        if v) or "none")]
+  if options.loop_steps:
+    loop = {}
+    for precision in ("float32", "mixed_bfloat16"):
+      log(f"//bin:train's loop, {options.loop_steps} steps, {precision}")
+      loop[precision] = _loop_rate(options, precision, options.loop_steps)
+    results["train_loop_images_per_second"] = loop
+    lines.append(
+        f"//bin:train's loop (input pipeline included): float32 "
+        f"{loop['float32']:.1f}, mixed_bfloat16 {loop['mixed_bfloat16']:.1f} "
+        f"images/s ({loop['mixed_bfloat16'] / loop['float32']:.2f}x)")
   if options.smoke_steps:
     smoke = {}
-    for policy in ("float32", "mixed_bfloat16"):
-      log(f"smoke preset, {options.smoke_steps} steps, {policy}")
-      smoke[policy] = _smoke_accuracy(policy, options.smoke_steps)
+    for precision in ("float32", "mixed_bfloat16"):
+      log(f"smoke preset, {options.smoke_steps} steps, {precision}")
+      smoke[precision] = _smoke_accuracy(precision, options.smoke_steps)
     results["smoke_accuracy"] = smoke
     cost = smoke["float32"]["top1"] - smoke["mixed_bfloat16"]["top1"]
     results["smoke_top1_cost"] = cost
@@ -502,6 +550,54 @@ def construct_suite(options):
       sweeps, "(evaluation costs n * units * k MACs with units ~ n: ~n^2)")
 
 
+def bf16_identity_suite(options):
+  """How much of each residual branch the bfloat16 sum x + branch keeps:
+  a freshly initialised --model, or every checkpoint of --model_dir on a
+  batch of its run's evaluation images (`rounding.branch_survival`)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
+  from identity_tf.bench import rounding  # pylint: disable=g-import-not-at-top
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  from identity_tf.data import pipeline  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import checkpoints  # pylint: disable=g-import-not-at-top
+  measured = {}
+  if options.model_dir is None:
+    model = model_lib.build_model(options.model, precision="float32",
+                                  **_model_options(options))
+    images, _ = tools.fixed_batch(options.batch_size)
+    measured["init"] = rounding.branch_survival(model, images)
+  else:
+    prefixes = checkpoints.checkpoint_prefixes(options.model_dir)[::-1]
+    if not prefixes:
+      raise ValueError(f"--model_dir={options.model_dir} holds no checkpoint")
+    images = None
+    for prefix in prefixes:
+      model, run, step = checkpoints.restore_checkpoint(
+          options.model_dir, prefix, precision="float32")
+      if images is None:
+        images, _ = next(iter(pipeline.build_dataset(
+            run.config.dataset, run.dataset.eval_split, options.batch_size,
+            training=False, data_dir=options.data_dir,
+            preprocessing=run.preprocessing)))
+      log(f"step {step}")
+      measured[str(step)] = rounding.branch_survival(model, images)
+  stages = {when: rounding.by_stage(rows) for when, rows in measured.items()}
+  lines = ["share of each residual branch lost in the bfloat16 sum "
+           "(||fl(x+b) - fl(x) - b|| / ||b||), mean over each stage's units; "
+           "||b|| / ||x|| in brackets:"]
+  for when, by_stage in stages.items():
+    lines.append(f"{'step ' + when if when != 'init' else 'initialisation'}: "
+                 + ", ".join(f"{stage} {v['lost']:.1%} "
+                             f"({v['branch_to_stream']:.2g})"
+                             for stage, v in by_stage.items()))
+  worst = max(np.max([r["lost"] for r in rows]) for rows in measured.values())
+  lines.append(f"(largest loss of one unit: {worst:.1%}; 0 % = the branch "
+               "added as exactly as bfloat16 can hold it)")
+  return {"units": measured, "stages": stages,
+          "model_dir": options.model_dir}, lines
+
+
 SUITES = {"train_step": train_step_suite, "bf16": bf16_suite,
+          "bf16_identity": bf16_identity_suite,
           "input_pipeline": input_pipeline_suite, "linear": linear_suite,
           "construct": construct_suite}

@@ -219,6 +219,32 @@ def sgemm_peak(size=SGEMM_SIZE, repeats=3, use_torch=True, log=None):
   return result
 
 
+def bf16_matmul_peak(size=SGEMM_SIZE, repeats=3, log=None):
+  """Best bfloat16 `tf.matmul` FLOP/s of SIZE x SIZE products (float32
+  accumulation, as mixed_bfloat16's convolutions use): the peak a
+  mixed_bfloat16 step is measured against."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  a, b = (tf.constant(rng.standard_normal((size, size), dtype=np.float32),
+                      dtype=tf.bfloat16) for _ in range(2))
+  matmul = tf.function(lambda x, y: tf.matmul(x, y)[0, 0])
+  matmul(a, b).numpy()
+  flops = 2.0 * size ** 3
+  best = max(flops / timed(lambda: matmul(a, b).numpy())[0]
+             for _ in range(repeats))
+  if log:
+    log(f"bfloat16 matmul tensorflow: {best / 1e9:.1f} GFLOP/s")
+  return {"size": size, "repeats": repeats, "tensorflow": best,
+          "load_average": load_average()}
+
+
+def bf16_features(flags):
+  """Which of the CPU's FLAGS (lscpu's) speed up bfloat16: AVX512-BF16's
+  dot products and AMX's tile multiplies."""
+  return {name: name in flags for name in ("avx512_bf16", "amx_bf16",
+                                            "amx_tile")}
+
+
 # ---------------------------------------------------------------------------
 # identity_tf's training step.
 

@@ -11,6 +11,8 @@ except `prepare`'s download.
 """
 
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -160,8 +162,9 @@ def prepared_builder(name, data_dir, split=None):
   data_dir = os.fspath(data_dir) if given else tfds.core.constants.DATA_DIR
   builder = _builder(name, data_dir)
   if not tf.io.gfile.isdir(data_dir):
-    raise DatasetNotReadyError(
-        _not_ready_message(name, data_dir, given, "no such directory"))
+    raise DatasetNotReadyError(_not_ready_message(
+        name, data_dir, given, "a file, not a directory"
+        if tf.io.gfile.exists(data_dir) else "no such directory"))
   try:
     prepared = builder.is_prepared()
   except Exception as e:  # pylint: disable=broad-except
@@ -202,11 +205,13 @@ def _local_download_manager(source_dir, download_dir, dataset_name):
   class LocalFiles(tfds.download.DownloadManager):
 
     missing = None  # The one-line error, once a file was not found.
+    used = []  # The files of SOURCE_DIR it was given, for error messages.
 
     def download(self, url_or_urls):
       def local(url):
         url = getattr(url, "url", url)  # A str or a tfds.download.Resource.
         path = os.path.join(source_dir, os.path.basename(url.split("?")[0]))
+        self.used = self.used + [os.path.basename(path)]
         if not os.path.isfile(path):
           self.missing = (
               f"{source_dir} has no {os.path.basename(path)}, which "
@@ -276,8 +281,13 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
     # TFDS has no public way to hand a builder local files whose checksums
     # differ from the registered ones; the download manager is the one place
     # where downloading happens, so it is the one thing replaced.
-    local = _local_download_manager(
-        source_dir, os.path.join(data_dir, "downloads"), name)
+    # Extracted into a directory of this attempt alone, removed after it:
+    # what a failed attempt extracted (from a truncated file, say) is never
+    # taken for the files of the next one.
+    os.makedirs(os.path.join(data_dir, "downloads"), exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".local-", dir=os.path.join(
+        data_dir, "downloads"))
+    local = _local_download_manager(source_dir, scratch, name)
     builder._make_download_manager = lambda **unused: local  # pylint: disable=protected-access
   else:
     echo(f"preparing {name} in {data_dir} with TFDS (downloads and converts; "
@@ -290,13 +300,19 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
     # Network failures surface as many different exception types; the user
     # needs one line and the way out, not TFDS's traceback.
     problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    advice = ("check the files in --source_dir" if source_dir else
+    advice = (f"check the files it read from {source_dir} ("
+              f"{', '.join(sorted(set(local.used)))}: one may be cut short "
+              "or not the dataset's); nothing was kept from this attempt"
+              if local is not None else
               "on a machine without internet access prepare it elsewhere and "
               "copy the directory here, or pass --source_dir with the files "
               "it downloads")
     raise ValueError(
         f"could not prepare {name} in {data_dir} ({type(e).__name__}: "
         f"{problem}); {advice}") from e
+  finally:
+    if local is not None:
+      shutil.rmtree(scratch, ignore_errors=True)
   return builder.data_dir
 
 

@@ -8,9 +8,12 @@ with O(n log n + r^2) parameters fits any n labelled points with r classes.
    z = concat((x - mu) / s, [t]) / ||concat((x - mu) / s, [t])||.
    With t > 0 the map is injective, so distinct inputs stay distinct even when
    they lie on one ray from mu (x and 2x would otherwise collide).
-2. A random A0 maps z to R^k (the Johnson-Lindenstrauss step of the proof):
-   Gaussian N(0, 1/k) entries when k <= d, or, when the separation needs
-   k >= d + 1 anyway, the orthonormalised Gaussian (an exact isometry).
+2. A0 maps z to R^k, losslessly by default: an exact isometry, onto R^(d+1)
+   (k = d + 1) when n >= d + 1, else onto the span of the n points (k = n).
+   The Johnson-Lindenstrauss step of the proof -- a Gaussian A0 to
+   k = O(log n / rho^2) -- is an option (`johnson_lindenstrauss=True`): it
+   saves parameters on well-separated data but can lose the separation the
+   lemma needs on clustered data; then the lossless A0 is used, and said.
 3. Random unit surrogates q_1..q_r in R^k stand for the labels.
 4. L = ceil(n/k) residual units; unit j owns k points alpha_1..alpha_k and
    (Lemma B.1) has U = [alpha_1 ... alpha_k]^T, b = -(1 - 2 rho') 1 and
@@ -50,10 +53,14 @@ SAFETY = 1e3
 # Projection draws: this many seeds per k before k grows, at most MAX_DRAWS.
 DRAWS_PER_WIDTH = 3
 MAX_DRAWS = 12
-# k = ceil(JL_CONSTANT ln n / gap^2): the inner products of n points after a
-# Gaussian projection to R^k deviate by about sqrt(4 ln n / k) at most, and
-# the lemma needs norms and inner products each within gap / 2.
-JL_CONSTANT = 16.0
+# The Johnson-Lindenstrauss option's width k = ceil(JL_CONSTANT ln n / rho^2):
+# the Gaussian projection of n points keeps every distance within a factor
+# 1 +- eps once k >= 8 ln n / eps^2 (eps = rho / 2 here), the paper's
+# k = O(log n / rho^2). Lemma B.1's single threshold needs the inner products
+# within ~rho^2 / 4, i.e. k of order ln n / rho^4: so on well-separated data
+# (rho ~ 1.4) the width suffices, on clustered data it may not, and the draw
+# is checked.
+JL_CONSTANT = 32.0
 # Classes (surrogate vectors) a construction may hold: r x k floats.
 MAX_CLASSES = 1_000_000
 # Gram matrices are formed in blocks of this many rows: memory O(BLOCK^2).
@@ -261,8 +268,13 @@ class Construction:
   closest: the pair of input indices at distance rho.
   rho_prime: the lemma's rho' after the projection (b = -(1 - 2 rho')).
   margin: the lemma margin: every pre-activation is at least this far from 0.
-  mode: "johnson-lindenstrauss" (Gaussian A0, k <= d) or "isometry".
+  mode: "isometry" (onto R^k, k >= d + 1), "span" (an isometry onto the span
+    of the points, k < d + 1) or "johnson-lindenstrauss" (Gaussian A0).
   draws: projection draws tried; seed: the numpy seed of the one kept.
+  k_formula: the Johnson-Lindenstrauss width `jl_width(n, rho)` (-1 when the
+    points coincide), whether or not the option was taken.
+  jl_fallback: why the Johnson-Lindenstrauss option was not kept (one line),
+    or None (not asked for, or kept).
   """
   weights: dict
   distinct: np.ndarray
@@ -278,6 +290,7 @@ class Construction:
   seed: tuple
   k_formula: int
   seconds: float
+  jl_fallback: str = None
 
   @property
   def n(self):
@@ -308,18 +321,23 @@ def parameter_ratio(weights, n, r):
   return count_parameters(weights) / (n * math.log(max(n, 2)) + r * r)
 
 
-def jl_width(n, gap):
-  """The k of the Johnson-Lindenstrauss step for n points with inner-product GAP.
+def jl_width(n, rho):
+  """The paper's k = O(log n / rho^2) of the Johnson-Lindenstrauss step.
 
-  Theorem 3.2 takes k = O(log n) for a fixed separation; with the lemma's
-  single threshold b both the norms and the inner products must survive the
-  projection to within gap / 2, which needs k of order ln n / gap^2
-  (gap = rho^2 / 2 on the sphere).
+  ceil(JL_CONSTANT ln n / rho^2): the width at which a Gaussian projection
+  keeps every distance between n points within a factor 1 +- rho / 2. Lemma
+  B.1 needs more on clustered data (see JL_CONSTANT); the draw is checked.
   """
-  if gap <= 0:
+  if rho <= 0:
     return math.inf
   return max(2, min(10**9, math.ceil(
-      JL_CONSTANT * math.log(max(n, 2)) / gap ** 2)))
+      JL_CONSTANT * math.log(max(n, 2)) / rho ** 2)))
+
+
+def lossless_width(n, dim):
+  """k of the default A0, an isometry on the n points in R^DIM: DIM (= d + 1)
+  when n >= DIM, else n (their span has at most n dimensions)."""
+  return min(n, dim)
 
 
 def draw_projection(rng, k, dim, r):
@@ -331,9 +349,22 @@ def draw_projection(rng, k, dim, r):
   else:
     a0 = gaussian / math.sqrt(k)
     mode = "johnson-lindenstrauss"
+  return a0, _surrogates(rng, r, k), mode
+
+
+def span_isometry(z, k):
+  """A0 (K, dim) with A0 z_i = the coordinates of z_i in an orthonormal basis
+  of span(Z), padded with zero rows: an isometry on the rows of Z (n <= K <
+  dim), so inner products and the separation are kept exactly."""
+  basis, _ = np.linalg.qr(z.T)  # (dim, n), orthonormal columns
+  a0 = np.zeros((k, z.shape[1]))
+  a0[:basis.shape[1]] = basis.T
+  return a0
+
+
+def _surrogates(rng, r, k):
   q = rng.standard_normal((r, k))
-  q /= np.linalg.norm(q, axis=1, keepdims=True)
-  return a0, q, mode
+  return q / np.linalg.norm(q, axis=1, keepdims=True)
 
 
 def _lemma_check(alpha, q, labels, pp_max, k):
@@ -398,13 +429,18 @@ def lemma_unit(alpha, beta, threshold, k):
   return u, v, np.full(k, -threshold)
 
 
-def construct(x, y, num_classes=None, seed=0, log=None):
+def construct(x, y, num_classes=None, seed=0, johnson_lindenstrauss=False,
+              log=None):
   """Builds the network of Theorem 3.2 that fits (X, Y); returns a Construction.
 
   X: (n, d) points, Y: (n,) integer labels in [0, r), r = NUM_CLASSES or
-  max(Y) + 1. Raises ValueError with one line when the data cannot be fitted
-  (identical inputs with different labels, inputs closer than
-  `smallest_separation(k)` on the sphere) or are malformed.
+  max(Y) + 1. A0 is an exact isometry unless JOHNSON_LINDENSTRAUSS asks for
+  the proof's Gaussian projection to k = `jl_width(n, rho)`; when that is no
+  narrower, or its draws lose the separation Lemma B.1 needs, the isometry
+  is used and `jl_fallback` says why (also logged, one line). Raises
+  ValueError with one line when the data cannot be fitted (identical inputs
+  with different labels, inputs closer than `smallest_separation(k)` on the
+  sphere) or are malformed.
   """
   log = log or (lambda message: None)
   started = time.time()
@@ -416,8 +452,12 @@ def construct(x, y, num_classes=None, seed=0, log=None):
   mu, s, t = normalization(points)
   z = to_sphere(points, mu, s, t)
   separation = _measure_separation(z, x, y, distinct, log)
-  # Theorem 3.2's random projection and surrogates, redrawn when spoiled.
-  draw = _draw_keeping_the_lemma(z, labels, r, separation, seed, log)
+  draw, fallback, tried = None, None, 0
+  if johnson_lindenstrauss:
+    draw, fallback, tried = _try_johnson_lindenstrauss(
+        z, labels, r, separation, seed, log)
+  if draw is None:
+    draw = _draw_keeping_the_lemma(z, labels, r, separation, seed, log, tried)
   weights = _network_weights(mu, s, t, draw, labels, log)
   return Construction(
       weights=weights, distinct=distinct, inverse=inverse,
@@ -427,19 +467,18 @@ def construct(x, y, num_classes=None, seed=0, log=None):
       margin=draw.numbers["margin"],
       output_margin=draw.numbers["out_margin"], mode=draw.mode,
       draws=draw.draws, seed=draw.seed,
-      k_formula=(separation.k_formula if math.isfinite(separation.k_formula)
-                 else -1),
-      seconds=time.time() - started)
+      k_formula=(separation.k_jl if math.isfinite(separation.k_jl) else -1),
+      seconds=time.time() - started, jl_fallback=fallback)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Separation:
-  """The separation of the points on the sphere, and the width it asks for."""
+  """The separation of the points on the sphere, and the widths it asks for."""
   zz_max: float  # max over i != j of <z_i, z_j>
   rho: float  # min over i != j of ||z_i - z_j||
   closest: tuple  # the input indices of a pair rho apart
-  k_formula: float  # `jl_width` (inf when the points coincide)
-  k: int  # k_formula capped at d + 1
+  k_jl: float  # `jl_width` (inf when the points coincide)
+  k: int  # the lossless width, `lossless_width`
 
 
 def _measure_separation(z, x, y, distinct, log):
@@ -450,9 +489,7 @@ def _measure_separation(z, x, y, distinct, log):
   zz_max, (i, j) = max_inner_product(z, log)
   rho = math.sqrt(max(0.0, 2 - 2 * zz_max)) if n > 1 else 2.0
   closest = (int(distinct[i]), int(distinct[j]))
-  gap = 1 - zz_max if n > 1 else 1.0
-  k_formula = jl_width(n, gap)
-  k = dim if k_formula >= dim else int(k_formula)
+  k = lossless_width(n, dim)
   if n > 1 and rho < smallest_separation(k):
     a, b = sorted(closest)
     raise ValueError(
@@ -462,8 +499,10 @@ def _measure_separation(z, x, y, distinct, log):
         f"this float64 construction handles at width k = {k} "
         f"({smallest_separation(k):.2g}); merge or remove near-duplicate "
         f"inputs")
-  log(f"rho = {rho:.4g}; k from n and rho: {k_formula} -> k = {k}")
-  return _Separation(zz_max, rho, closest, k_formula, k)
+  k_jl = jl_width(n, rho)
+  log(f"rho = {rho:.4g}; lossless k = {k}; the Johnson-Lindenstrauss width "
+      f"would be {k_jl}")
+  return _Separation(zz_max, rho, closest, k_jl, k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,30 +521,82 @@ class _Draw:
     return self.a0.shape[0]
 
 
-def _draw_keeping_the_lemma(z, labels, r, separation, seed, log):
-  """The first projection draw for which `_lemma_check` holds.
+def _try_johnson_lindenstrauss(z, labels, r, separation, seed, log):
+  """(a kept Gaussian draw to k = `jl_width`, None, draws tried), or (None,
+  why not, draws tried).
 
-  Draw i uses numpy seed (SEED, i); after DRAWS_PER_WIDTH spoiled draws at
-  one k, k doubles (up to d + 1, then grows by d + 1). ValueError after
-  MAX_DRAWS.
+  DRAWS_PER_WIDTH draws (numpy seeds (SEED, MAX_DRAWS + i)), each checked
+  on the projected points themselves: their exact largest inner product and
+  smallest norm (`_lemma_check`). Why not: the width is no narrower than the
+  lossless one, or every draw lost the separation (clustered data).
+  """
+  k, lossless = separation.k_jl, separation.k
+  if k >= lossless:
+    why = (f"Johnson-Lindenstrauss: k = {k} for rho = {separation.rho:.3g} is "
+           f"no narrower than the lossless k = {lossless}; using the "
+           f"unprojected construction")
+    log(why)
+    return None, why, 0
+  for draw in range(DRAWS_PER_WIDTH):
+    draw_seed = (int(seed), MAX_DRAWS + draw)
+    rng = np.random.default_rng(draw_seed)
+    a0, q, mode = draw_projection(rng, k, z.shape[1], r)
+    alpha = z @ a0.T
+    log(f"Johnson-Lindenstrauss draw {draw + 1}: measuring the separation "
+        f"after projecting to R^{k}")
+    pp_max = max_inner_product(alpha, log)[0]
+    ok, _, numbers = _lemma_check(alpha, q, labels, pp_max, k)
+    if ok:
+      return (_Draw(a0, q, mode, alpha, numbers, draw + 1, draw_seed), None,
+              draw + 1)
+  why = (f"Johnson-Lindenstrauss: the projection to k = {k} lost the "
+         f"separation in {DRAWS_PER_WIDTH} draws (Lemma B.1 needs every "
+         f"squared norm above every inner product with another point or a "
+         f"surrogate; last draw: smallest squared norm {numbers['a']:.3g}, "
+         f"largest inner product {pp_max:.3g}, with a surrogate "
+         f"{numbers['pq_max']:.3g}; unprojected: 1 and "
+         f"{separation.zz_max:.3g}); falling back to the unprojected "
+         f"construction (k = {lossless})")
+  log(why)
+  return None, why, DRAWS_PER_WIDTH
+
+
+def _lossless_draw(rng, z, k, r):
+  """A0 (an isometry on the rows of Z) and surrogates for one draw at width K.
+
+  k >= d + 1: the orthonormalised Gaussian, an isometry of all of R^(d+1);
+  k < d + 1: `span_isometry`, whose exact inner products are measured.
+  """
+  dim = z.shape[1]
+  if k >= dim:
+    a0, q, _ = draw_projection(rng, k, dim, r)
+    return a0, q, "isometry"
+  return span_isometry(z, k), _surrogates(rng, r, k), "span"
+
+
+def _draw_keeping_the_lemma(z, labels, r, separation, seed, log, tried=0):
+  """The first lossless draw for which `_lemma_check` holds.
+
+  Only the surrogates can spoil it (the points keep their inner products):
+  draw i uses numpy seed (SEED, i); after DRAWS_PER_WIDTH spoiled draws at
+  one k, k doubles (up to d + 1, then grows by d + 1), which gives the
+  surrogates room away from the data. ValueError after MAX_DRAWS. TRIED:
+  draws already spent (on the Johnson-Lindenstrauss option), for the count.
   """
   dim, k = z.shape[1], separation.k
   reasons = []
   for draw in range(MAX_DRAWS):
     draw_seed = (int(seed), draw)
-    rng = np.random.default_rng(draw_seed)
-    a0, q, mode = draw_projection(rng, k, dim, r)
+    a0, q, mode = _lossless_draw(np.random.default_rng(draw_seed), z, k, r)
     alpha = z @ a0.T
     if mode == "isometry":
       # Inner products are preserved up to rounding.
       pp_max = separation.zz_max + 4 * (k + 2) * UNIT_ROUNDOFF
     else:
-      log(f"draw {draw + 1}: measuring the separation after projecting to "
-          f"R^{k}")
-      pp_max = max_inner_product(alpha, log)[0]
+      pp_max = max_inner_product(alpha)[0]
     ok, reason, numbers = _lemma_check(alpha, q, labels, pp_max, k)
     if ok:
-      return _Draw(a0, q, mode, alpha, numbers, draw + 1, draw_seed)
+      return _Draw(a0, q, mode, alpha, numbers, tried + draw + 1, draw_seed)
     reasons.append(f"k={k}: {reason}")
     log(f"draw {draw + 1} (k = {k}, seed {draw_seed}) spoils the separation: "
         f"{reason}; redrawing")

@@ -14,8 +14,10 @@ def train_by_sgd(x, y, num_classes, k, num_units, steps, batch_size=128,
   Same normalisation and a fixed Gaussian A0 (as in the construction), L
   DenseResidualUnits of width k and a ReLU readout with r hidden units,
   initialised with the paper's Gaussian (std 1/k), trained on the
-  cross-entropy with SGD + momentum 0.9. Returns a list of (step, training
-  accuracy) every `steps // 20` steps, float32 for speed.
+  cross-entropy with SGD + momentum 0.9, float32 for speed. Stops at 100 %
+  training accuracy. Returns (history, model): (step, training accuracy)
+  every `steps // 20` steps, and the trained Keras model (its logits on
+  held-out points: `model(x.astype(np.float32))`).
   """
   log = log or (lambda message: None)
   x, y, r = construction.validate(x, y, num_classes)
@@ -24,8 +26,9 @@ def train_by_sgd(x, y, num_classes, k, num_units, steps, batch_size=128,
   a0, _, _ = construction.draw_projection(np.random.default_rng((seed, 0)),
                                           k, dim, r)
   keras.utils.set_random_seed(seed)
-  model = construction_model.build_architecture(x.shape[1], k, num_units, r, r, init="paper",
-                             dtype="float32", seed=seed)
+  model = construction_model.build_architecture(
+      x.shape[1], k, num_units, r, r, init="paper", dtype="float32",
+      seed=seed)
   model.projection.set_values(mu, s, t, a0)
   model.compile(
       optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
@@ -44,4 +47,4 @@ def train_by_sgd(x, y, num_classes, k, num_units, steps, batch_size=128,
       log(f"  sgd step {step}: training accuracy {fit:.4f}")
       if fit == 1.0:
         break
-  return history
+  return history, model

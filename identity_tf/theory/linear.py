@@ -447,13 +447,18 @@ def factorize(r, layers):
                      f"{layers!r}")
   layers = int(layers)
   sign, log_abs_det = tf.linalg.slogdet(r)
-  if float(sign) <= 0:
+  if float(sign) == 0:
+    raise ValueError(
+        "R is singular (det R = 0): a product (I + A_l)...(I + A_1) with "
+        "every ||A_i|| < 1 is invertible, so none equals it; give an "
+        "invertible R with det R > 0")
+  if float(sign) < 0:
     det_text = ("0" if float(sign) == 0 else f"{-math.exp(float(log_abs_det)):.4g}"
                 if float(log_abs_det) < 700 else f"-exp({float(log_abs_det):.4g})")
     raise ValueError(
         f"det R = {det_text} <= 0: no factorisation (I + A_l)...(I + A_1) = R "
         f"with every ||A_i|| < 1 exists, since det(I + A) > 0 whenever "
-        f"||A|| < 1; give an R with det R > 0 (e.g. flip the sign of one row)")
+        f"||A|| < 1; give an R with det R > 0 (e.g. R with the sign of one row flipped)")
   singular, u, v = tf.linalg.svd(r)
   gamma_value = max(abs(math.log(float(singular[0]))),
                     abs(math.log(float(singular[-1]))))

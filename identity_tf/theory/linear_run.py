@@ -4,22 +4,31 @@
 (`linear.factorize`) and writes A to an .npz file; `check_command` runs every
 statement of Section 2 (`linear.run_checks`); `descend_command` compares
 gradient descent on the residual and the plain parametrisation, with the rate
-(2.3) guarantees. Each takes the values of the binary's flags (paths already
-resolved; `*_as_typed` is how the user wrote a path, for messages and the
-JSON), gives its JSON result to EMIT and its progress lines to LOG, and
-raises ValueError with one line for anything the user can fix.
+(2.3) guarantees; `landscape_command` runs Theorem 2.2 as an experiment
+(`landscape.run_landscape`): descent from random starts in B_tau over a grid
+of depths and radii, with the plain and the det R < 0 contrasts. Each takes
+the values of the binary's flags (paths already resolved; `*_as_typed` is
+how the user wrote a path, for messages and the JSON), gives its JSON result
+to EMIT and its progress lines to LOG, and raises ValueError with one line
+for anything the user can fix.
 """
 
+import json
 import os
 import time
 
 import numpy as np
 
+from identity_tf.theory import landscape
 from identity_tf.theory import linear
 
 # --layers when not given (factorize requires it).
 CHECK_LAYERS = 20
 DESCEND_LAYERS = 50
+# landscape's defaults: seconds on 2 cores (docs/linear_theory.md).
+LANDSCAPE = {"d": 8, "condition": 2.0, "rotation": 1.0, "depths": (2, 4, 8),
+             "taus": (0.1, 0.3, 0.5), "starts": 10, "steps": 300,
+             "epsilon": 1e-6}
 
 
 def _ignore(_):
@@ -29,10 +38,18 @@ def _ignore(_):
 def read_matrix(path, as_typed=None):
   """R of the .npy file PATH, as float64; ValueError naming --R=AS_TYPED if not."""
   flag = f"--R={path if as_typed is None else as_typed}"
+  if not os.path.isfile(path):
+    raise ValueError(f"{flag}: no such file")
+  with open(path, "rb") as f:
+    magic = f.read(6)
+  if magic[:2] != b"PK" and magic != b"\x93NUMPY":
+    raise ValueError(f"{flag} is not a .npy file (a text file?); save R "
+                     "with numpy.save(path, R)")
   try:
     r = np.load(path, allow_pickle=False)
   except (OSError, ValueError) as e:
-    raise ValueError(f"cannot read {flag} as a .npy array: {e}") from None
+    raise ValueError(f"cannot read {flag} as a .npy array: "
+                     f"{str(e).splitlines()[0]}") from None
   if not isinstance(r, np.ndarray):  # An .npz archive.
     r.close()
     raise ValueError(f"{flag} is an .npz archive, not an .npy array; save R "
@@ -170,3 +187,145 @@ def _check_converged(run):
     raise ValueError(f"gradient descent diverged: f - f_opt became "
                      f"{gaps[first]} at step {first}; lower --step_size "
                      f"(it was {run['step_size']:.3g})")
+
+
+def _numbers(values, kind, flag):
+  """VALUES (a list flag's strings, or numbers) as KIND; else ValueError."""
+  try:
+    return [kind(float(v)) if kind is float else int(str(v)) for v in values]
+  except (TypeError, ValueError):
+    example = "2,4,8" if kind is int else "0.1,0.3,0.5"
+    raise ValueError(f"--{flag} must be a comma-separated list of "
+                     f"{'integers' if kind is int else 'numbers'}, e.g. "
+                     f"--{flag}={example}; got {','.join(map(str, values))}"
+                     ) from None
+
+
+def _check_writable(path, flag):
+  """ValueError naming FLAG unless PATH can become a file (before any work)."""
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} is a directory; give a file path")
+  parent = os.path.dirname(path) or "."
+  if not os.path.isdir(parent):
+    raise ValueError(f"{flag}: directory {parent} does not exist; create it "
+                     "or give another path")
+
+
+def _replace_atomically(path, write, suffix):
+  """WRITE(temporary path) then rename onto PATH: PATH is whole or absent."""
+  directory, name = os.path.split(path)
+  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp{suffix}")
+  try:
+    write(temporary)
+    os.replace(temporary, path)
+  finally:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+
+
+def _landscape_instance(d, r_path, r_as_typed, condition, rotation, seed):
+  """(R, Sigma, how R was made) for `landscape_command`."""
+  rng = np.random.default_rng(seed)
+  if r_path:
+    if condition is not None or rotation is not None:
+      raise ValueError("give --R=R.npy or --condition/--rotation (a random "
+                       "R), not both")
+    r_flag = f"--R={r_path if r_as_typed is None else r_as_typed}"
+    r = read_matrix(r_path, r_as_typed)
+    try:
+      r = linear.check_matrix(r).numpy()
+    except ValueError as e:
+      raise ValueError(f"{r_flag}: {e}") from None
+    if d is not None and d != r.shape[0]:
+      raise ValueError(f"--d={d} but {r_flag} is {r.shape[0]} x "
+                       f"{r.shape[0]}; leave out --d")
+    if np.linalg.slogdet(r)[0] <= 0:
+      raise ValueError(f"{r_flag} has det R <= 0, which no product "
+                       "(I + A_l)...(I + A_1) with |||A||| < 1 reaches; give "
+                       "R with det R > 0 (the det R < 0 contrast is built "
+                       "from it)")
+    source = {"file": r_flag[len("--R="):]}
+  else:
+    d = LANDSCAPE["d"] if d is None else d
+    condition = LANDSCAPE["condition"] if condition is None else condition
+    rotation = LANDSCAPE["rotation"] if rotation is None else rotation
+    if d < 1 or not condition >= 1 or not 0 <= rotation <= np.pi:
+      raise ValueError("landscape needs --d >= 1, --condition >= 1 and "
+                       "0 <= --rotation <= pi (3.14159)")
+    r = landscape.random_target(d, rng, condition, rotation)
+    source = {"random": "R = expm(K) V diag(s) V^T", "condition": condition,
+              "rotation": rotation, "seed": seed}
+  sigma = linear.random_covariance(r.shape[0], rng, 0.5, 2.0)
+  return r, sigma, source
+
+
+def landscape_command(d=None, r_path=None, condition=None, rotation=None,
+                      depths=None, taus=None, starts=None, steps=None,
+                      epsilon=None, step_size=None, seed=0, output_path=None,
+                      plot_path=None, *, r_as_typed=None, output_as_typed=None,
+                      plot_as_typed=None, log=_ignore, emit=_ignore):
+  """Theorem 2.2 as an experiment (`landscape.run_landscape`).
+
+  R from R_PATH (.npy, det R > 0) or random (`landscape.random_target` with
+  CONDITION and ROTATION); Sigma random with eigenvalues in [0.5, 2]; both
+  from SEED. None means LANDSCAPE's default. Checks OUTPUT_PATH (JSON) and
+  PLOT_PATH (PNG) before any work, emits the report and writes both; then
+  raises ValueError if a residual descent diverged.
+  """
+  outputs = {"output": (output_path, output_as_typed),
+             "plot": (plot_path, plot_as_typed)}
+  for name, (path, as_typed) in outputs.items():
+    if path:
+      _check_writable(path, f"--{name}={as_typed or path}")
+  depths = _numbers(depths or LANDSCAPE["depths"], int, "depths")
+  taus = _numbers(taus or LANDSCAPE["taus"], float, "taus")
+  if any(l < 1 for l in depths):
+    raise ValueError(f"--depths must be >= 1, got {depths}")
+  if any(not 0 <= t < 1 for t in taus):
+    raise ValueError(f"--taus must be in [0, 1) (Theorem 2.2 needs tau < 1), "
+                     f"got {taus}")
+  starts = LANDSCAPE["starts"] if starts is None else starts
+  steps = LANDSCAPE["steps"] if steps is None else steps
+  epsilon = LANDSCAPE["epsilon"] if epsilon is None else epsilon
+  if starts < 1 or steps < 1 or seed < 0 or not epsilon > 0:
+    raise ValueError("landscape needs --starts >= 1, --steps >= 1, --seed >= 0 "
+                     "and --epsilon > 0")
+  if step_size is not None and not step_size > 0:
+    raise ValueError("--step_size must be positive")
+  r, sigma, source = _landscape_instance(d, r_path, r_as_typed, condition,
+                                         rotation, seed)
+  report, curves = landscape.run_landscape(
+      r, sigma, depths, taus, starts, steps, epsilon, seed, step_size, log)
+  report["R"]["source"] = source
+  report["Sigma_rule"] = "random, eigenvalues in [0.5, 2] (ends hit)"
+  _write_landscape(report, curves, outputs, log)
+  emit(report)
+  diverged = sum(c["residual"]["diverged"] for c in report["cells"])
+  if diverged:
+    raise ValueError(f"{diverged} residual descents diverged; lower "
+                     f"--step_size (default 1 / (2 l sigma_max(Sigma) "
+                     f"max(1, ||R||)^2))")
+  return report
+
+
+def _write_landscape(report, curves, outputs, log):
+  """The figure to --plot and the report to --output (each if given)."""
+  def write_json(path):
+    with open(path, "w") as f:
+      json.dump(report, f, indent=1)
+
+  def write_png(path):
+    landscape.plot_landscape(report, curves, path)
+
+  for name, write, suffix in (("plot", write_png, ".png"),
+                              ("output", write_json, ".json")):
+    path, as_typed = outputs[name]
+    if not path:
+      continue
+    report[name] = as_typed or path
+    try:
+      _replace_atomically(path, write, suffix)
+    except OSError as e:
+      raise ValueError(f"cannot write --{name}={as_typed or path}: {e}"
+                       ) from None
+    log(f"wrote {path}")

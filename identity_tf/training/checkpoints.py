@@ -22,6 +22,7 @@ import time
 import tensorflow as tf
 
 from identity_tf import model as model_lib
+from identity_tf.training import config_file
 from identity_tf.training import run as run_lib
 
 CHECKPOINT_PREFIX = "ckpt"
@@ -32,6 +33,14 @@ LOCK_FILE = ".train.lock"
 
 # ---------------------------------------------------------------------------
 # The directory.
+
+class DamagedCheckpointError(ValueError):
+  """Checkpoint PREFIX turned out damaged while it was restored (REASON)."""
+
+  def __init__(self, prefix, reason):
+    super().__init__(f"{os.path.basename(prefix)} is damaged: {reason}")
+    self.prefix, self.reason = prefix, reason
+
 
 def check_writable(model_dir):
   """MODEL_DIR, created if need be; ValueError (one line) if it cannot hold
@@ -259,13 +268,16 @@ def resume_point(model_dir, chief=True, echo=None):
   checkpoints but none is intact: training does not start again from step
   0 over them.
   """
-  intact, damaged = intact_checkpoints(model_dir, echo)
-  if damaged and not intact:
+  intact, damaged = intact_checkpoints(model_dir)
+  if damaged and not intact:  # Named in the error, once.
     raise ValueError(
         f"--model_dir={model_dir} holds checkpoints but none is intact ("
         + "; ".join(f"{os.path.basename(p)}: {r}" for p, r in damaged.items())
         + "); nothing was changed: restore them from a copy, or use a new "
         "--model_dir (training does not start again from step 0 over them)")
+  for prefix, reason in damaged.items():
+    if echo:
+      echo(f"{os.path.basename(prefix)} is damaged: {reason}")
   if chief:
     quarantine(model_dir, damaged)
     record_checkpoints(model_dir, intact)
@@ -315,15 +327,20 @@ def find_checkpoint(model_dir, checkpoint=None, echo=None):
   """Path prefix of CHECKPOINT (a prefix, a file or a step), or the newest
   intact one (damaged newer ones are skipped, named to ECHO)."""
   if checkpoint is None:
-    intact, damaged = intact_checkpoints(model_dir, echo)
+    intact, damaged = intact_checkpoints(model_dir)
     if not intact:
-      if damaged:
+      if damaged:  # Named here, once: no notes before the error.
         raise ValueError(
             f"no intact checkpoint in --model_dir={model_dir}: "
             + "; ".join(f"{os.path.basename(p)}: {r}"
                         for p, r in damaged.items()))
+      if not config_file.exists(model_dir):
+        raise ValueError(config_file.no_run_message(model_dir))
       raise ValueError(f"no checkpoint in --model_dir={model_dir} yet; train "
                        f"first (bin/train) or wait for one")
+    for prefix, reason in damaged.items():
+      if echo:
+        echo(f"{os.path.basename(prefix)} is damaged: {reason}")
     return intact[0]
   checkpoint = str(checkpoint)
   if checkpoint.isdigit():
@@ -343,22 +360,26 @@ def find_checkpoint(model_dir, checkpoint=None, echo=None):
   return checkpoint
 
 
-def restore_model(model_dir, checkpoint=None, echo=None):
+def restore_model(model_dir, checkpoint=None, echo=None, precision=None):
   """(model, run, global step) of MODEL_DIR's CHECKPOINT.
 
   CHECKPOINT: None (the newest intact one; ECHO hears of damaged newer
   ones), a step, `ckpt-<step>` or a path prefix. The model is rebuilt from
-  config.json (`run.read`); only its weights are read (not the optimizer or
-  the input position).
+  config.json (`run.read`) in PRECISION (default: the run's); only its
+  weights are read (not the optimizer or the input position).
   """
   return restore_checkpoint(model_dir,
-                            find_checkpoint(model_dir, checkpoint, echo))
+                            find_checkpoint(model_dir, checkpoint, echo),
+                            precision)
 
 
-def restore_checkpoint(model_dir, path):
+def restore_checkpoint(model_dir, path, precision=None):
   """`restore_model` of PATH, a prefix `find_checkpoint` has already found
   and verified (verifying reads every byte: not twice)."""
   run = run_lib.read(model_dir)
-  model = model_lib.build_model(run.model_name, **run.model_options)
+  numerics = dict(run.numerics, **({"precision": precision} if precision
+                                   else {}))
+  model = model_lib.build_model(run.model_name, **numerics,
+                                **run.model_options)
   tf.train.Checkpoint(model=model).read(path).expect_partial()
   return model, run, checkpoint_step(path)

@@ -51,8 +51,7 @@ def read(model_dir):
   """
   file = path(model_dir)
   if not _exists(file):
-    raise ValueError(f"no {CONFIG_FILE} in --model_dir={model_dir}: is it the "
-                     f"model_dir of a training run?")
+    raise ValueError(no_run_message(model_dir))
   try:
     with _open(file) as f:
       description = json.load(f)
@@ -81,6 +80,36 @@ def write(model_dir, description):
     _gfile().rename(file + ".tmp", file, overwrite=True)
   else:
     os.replace(file + ".tmp", file)
+
+
+def record(model_dir, description, step):
+  """Writes DESCRIPTION (`run.Run.description`) as MODEL_DIR's config.json,
+  keeping the run's history: each accepted change of the configuration,
+  with the global STEP from which it applies, is appended to "history" as
+  {"step": STEP, "changed": {field: [old, new]}}. "config" is what applies
+  now; the first configuration applied from step 0 up to the first entry.
+  """
+  description = dict(description)
+  history = []
+  if exists(model_dir):
+    stored = read(model_dir)
+    history = list(stored.get("history", []))
+    old, new = stored.get("config", {}), description["config"]
+    changed = {name: [old.get(name), value] for name, value in new.items()
+               if old.get(name) != value}
+    if changed:
+      history.append({"step": step, "changed": changed})
+  if history:
+    description["history"] = history
+  write(model_dir, description)
+
+
+def no_run_message(model_dir):
+  """What evaluate, export and sharpness say of a directory that holds no
+  training run (the same line from each)."""
+  return (f"--model_dir={model_dir} holds no training run (no {CONFIG_FILE}, "
+          f"no checkpoint): give the --model_dir a training wrote, or train "
+          f"into it first")
 
 
 def stored_config(model_dir):
@@ -112,6 +141,13 @@ def check_resumable(model_dir, config):
   fixed = configs.MODEL_FIELDS + ("batch_size",)
   changed = [f"{name} ({getattr(old, name)!r} -> {getattr(config, name)!r})"
              for name in fixed if getattr(old, name) != getattr(config, name)]
+  # Loss scaling adds the scale to the optimizer's checkpoint: a run goes
+  # in or out of mixed_float16 only from a new model_dir (float32 and
+  # mixed_bfloat16 hold the same variables and may be switched).
+  if "mixed_float16" in (old.precision, config.precision) and (
+      old.precision != config.precision):
+    changed.append(f"precision ({old.precision!r} -> "
+                   f"{config.precision!r})")
   if changed:
     raise ValueError(
         f"--model_dir={model_dir} holds a run that cannot continue with "

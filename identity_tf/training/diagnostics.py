@@ -11,6 +11,7 @@ loss becomes NaN, `nonfinite_message` says where it began and what came
 before it.
 """
 
+import datetime
 import time
 
 import keras
@@ -92,15 +93,21 @@ class Window:
     self.sums += out["sums"]
     self.peaks = np.maximum(self.peaks, out["peaks"])
 
-  def record(self, step, train_steps, learning_rate):
-    """The progress line's JSON object; starts a new window."""
+  def record(self, step, train_steps, learning_rate, batch_size):
+    """The progress line's JSON object; starts a new window.
+
+    "eta" is the training time left at this window's speed (H:MM:SS;
+    evaluations and checkpoints not counted).
+    """
     loss, top1 = self.sums[0] / self.sums[2], self.sums[1] / self.sums[2]
     rate = self.sums[2] / max(time.time() - self.start, 1e-9)
+    left = max(train_steps - step, 0) * batch_size / max(rate, 1e-9)
     rounded = metrics.round_value
     self.last = {
         "step": step, "train_steps": train_steps, "loss": rounded(loss),
         "top1": rounded(top1), "lr": rounded(learning_rate),
         "images_per_second": round(rate, 1),
+        "eta": str(datetime.timedelta(seconds=round(left))),
         "grad_norm": rounded(self.peaks[0]),
         "update_ratio": rounded(self.peaks[1]),
         "activation_rms": {name: rounded(value) for name, value in
@@ -128,6 +135,18 @@ def nonfinite_message(out, step, watched, last_record, last_good):
           f"{where} became NaN or infinite first{before}; {last_good}; lower "
           f"--learning_rate or add a stabiliser (e.g. --grad_clip_norm=1; "
           f"docs/training.md)")
+
+
+def check_loss_scale(scale, step, last_written):
+  """Raises NonFiniteLossError when mixed_float16's dynamic loss scale
+  (SCALE; None: no loss scaling) has fallen below 1: the gradients overflow
+  float16 even unscaled, and every step is being skipped."""
+  if scale is not None and scale < 1:
+    raise NonFiniteLossError(
+        f"the loss scale of mixed_float16 fell to {scale:g} by step {step}: "
+        f"the gradients overflow float16 even unscaled; {last_written}; "
+        f"resume with --precision=mixed_bfloat16 or float32, or lower "
+        f"--learning_rate", step=step)
 
 
 def check_finite(out, step, watched, window, last_written):

@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from identity_tf import cli
 from identity_tf.data import tfds_data
-from identity_tf.training import checkpoints
 from identity_tf.training import config_file
 from identity_tf.training import distribute
 from identity_tf.training import preemption
@@ -42,13 +41,17 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
     run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset,
                                                          data_dir),
                           model_dir, data_dir)
-    progress(json.dumps(run.description(model_dir=model_dir), indent=2,
-                        sort_keys=True))
     if dry_run:
-      checkpoints.check_writable(model_dir)
+      # Checked as a training would, but nothing is written: config.json
+      # records what runs, not what was tried.
+      if os.path.isfile(model_dir):
+        raise ValueError(f"--model_dir={model_dir} is a file, not a "
+                         "directory; pick another --model_dir")
       config_file.check_resumable(model_dir, config)
-      config_file.write(model_dir, run.description())
-      result(f"dry run: wrote {config_file.path(model_dir)}")
+      progress(json.dumps(run.description(model_dir=model_dir), indent=2,
+                          sort_keys=True))
+      result(f"dry run: the configuration above is valid; nothing was "
+             f"written to {model_dir}")
       return
     outcome = trainer.train(config, model_dir, data_dir=data_dir, tpu=tpu,
                             cluster_timeout=cluster_timeout, echo=progress)
@@ -68,6 +71,8 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
 def summary(outcome, config, model_dir):
   """The lines that end a run: what it reached and where things are."""
   text = f"done: step {outcome['step']}"
+  if not outcome.get("trained", True):
+    text += ", nothing trained"
   if outcome["train_top1"] is not None:
     text += (f", training top-1 {outcome['train_top1']:.4f} over the last "
              f"{config.log_steps} steps")

@@ -13,6 +13,7 @@ import json
 import os
 import time
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
@@ -117,19 +118,54 @@ def read(model_dir):
   return records
 
 
-def wall_seconds(records):
-  """The wall time RECORDS (`read`'s) span: over each session of training
-  (from a "start" record), the time to its last record, summed. A session
-  cut short by a kill counts up to its last record."""
+def _training_time(records):
+  """Yields (record, seconds of training up to it) for RECORDS (`read`'s):
+  over each session of training (from a "start" record) the time from its
+  start, added to the sessions before; None before the first session.
+  //bin:evaluate's records (written whenever it ran) count no time."""
   total, start, last = 0.0, None, None
   for record in records:
+    if record.get("source") == "evaluate":
+      yield record, None
+      continue
     if record.get("start"):
       if start is not None:
         total += last - start
-      start = last = record["time"]
-    elif start is not None:
-      last = record["time"]
-  return total + (last - start if start is not None else 0.0)
+      start = record["time"]
+    last = record["time"]
+    yield record, None if start is None else total + last - start
+
+
+def wall_seconds(records):
+  """The wall time of training RECORDS span: each session up to its last
+  record (a session cut short by a kill counts up to its last), summed."""
+  elapsed = [t for _, t in _training_time(records) if t is not None]
+  return max(elapsed) if elapsed else 0.0
+
+
+def time_to_levels(records, levels):
+  """{level: {"step", "wall_seconds"} or None} for each test top-1 LEVEL:
+  the first evaluation of training in RECORDS (`read`'s) at or above it,
+  and the training time up to it (`_training_time`; None where that
+  evaluation came before the first session recorded)."""
+  reached = {level: None for level in levels}
+  for record, elapsed in _training_time(records):
+    top1 = record.get("eval", {}).get("top1")
+    if top1 is None or record.get("source") == "evaluate":
+      continue
+    for level in levels:
+      if reached[level] is None and top1 >= level:
+        reached[level] = {"step": record["step"], "wall_seconds": (
+            None if elapsed is None else round(elapsed, 1))}
+  return reached
+
+
+def images_per_second(records):
+  """The median images/s of RECORDS' training windows (None if none): the
+  speed of the run undisturbed by its first window or a busy moment."""
+  rates = [r["images_per_second"] for r in records
+           if "images_per_second" in r]
+  return float(np.median(rates)) if rates else None
 
 
 def read_scalars(log_dir):

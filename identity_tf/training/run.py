@@ -71,6 +71,13 @@ class Run:
   schedule: Schedule
 
   @property
+  def numerics(self):
+    """The `model.build_model` options that say what the network computes
+    in (not what it is): the run's precision and residual stream."""
+    return {"precision": self.config.precision,
+            "float32_stream": self.config.float32_stream}
+
+  @property
   def model_name(self):
     return self.config.model
 

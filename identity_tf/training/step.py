@@ -12,6 +12,38 @@ from identity_tf import model as model_lib
 from identity_tf.training import optimization
 
 
+def _forward_backward(model, probe, optimizer, config, loss_scaled):
+  """The per-replica forward and backward pass: (images, labels) ->
+  (PROBE's activations, float32 logits, per-example loss, gradients of
+  MODEL's trainable variables), the loss scaled by OPTIMIZER's loss scale
+  when LOSS_SCALED; XLA-compiled with config.jit_compile."""
+  global_batch = config.batch_size
+  variables = model.trainable_variables
+
+  def forward_backward(images, labels):
+    with tf.GradientTape() as tape:
+      activations = probe(images, training=True)
+      # float32 under every precision (the model's head): so is the loss.
+      logits = tf.cast(activations["logits"], tf.float32)
+      per_example = keras.losses.sparse_categorical_crossentropy(
+          labels, logits, from_logits=True)
+      # Mean over the global batch: the optimizer sums the replicas'
+      # gradients.
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=global_batch)
+      total = loss + tf.nn.scale_regularization_loss(
+          optimization.l2_penalty(model, config.weight_decay))
+      if loss_scaled:
+        total = optimizer.scale_loss(total)
+    return activations, logits, per_example, tape.gradient(total, variables)
+
+  if config.jit_compile:
+    # XLA compiles the forward and backward pass only: the all-reduce, the
+    # clipping and the optimizer stay as they are under every strategy.
+    forward_backward = tf.function(forward_backward, jit_compile=True)
+  return forward_backward
+
+
 def make_train_step(strategy, model, optimizer, config):
   """The training step of `train`: a tf.function (iterator, num_steps) -> dict.
 
@@ -35,33 +67,38 @@ def make_train_step(strategy, model, optimizer, config):
   `train` runs this function (scheduled through a ClusterCoordinator under
   parameter_server); bin/benchmark times it.
   """
-  global_batch = config.batch_size
   probe = model_lib.activation_probe(model)
   names = list(probe.output.keys())
   variables = model.trainable_variables
   # With several replicas in sync each one holds a part of the gradient; the
   # clipping factors and the reported norm are those of the whole.
   replicas = strategy.num_replicas_in_sync
+  # mixed_float16: Keras's dynamic loss scaling. The loss is multiplied by
+  # a power of two before the backward pass; the optimizer divides it out,
+  # and skips the step (halving the scale) when a gradient overflowed.
+  loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+  forward_backward = _forward_backward(model, probe, optimizer, config,
+                                       loss_scaled)
 
   def replica_step(images, labels):
-    with tf.GradientTape() as tape:
-      activations = probe(images, training=True)
-      logits = activations["logits"]
-      per_example = keras.losses.sparse_categorical_crossentropy(
-          labels, logits, from_logits=True)
-      # Mean over the global batch: the optimizer sums the replicas'
-      # gradients.
-      loss = tf.nn.compute_average_loss(per_example,
-                                        global_batch_size=global_batch)
-      total = loss + tf.nn.scale_regularization_loss(
-          optimization.l2_penalty(model, config.weight_decay))
-    gradients = tape.gradient(total, variables)
-    whole = gradients
+    activations, logits, per_example, gradients = forward_backward(images,
+                                                                   labels)
+    unscaled = gradients
+    if loss_scaled:
+      # Clipping, AGC and the diagnostics see the true gradient (dividing
+      # by a power of two is exact); the optimizer gets the scaled one.
+      inverse = 1.0 / optimizer.dynamic_scale
+      unscaled = [g * inverse for g in gradients]
+    whole = unscaled
     if replicas > 1:
       whole = tf.distribute.get_replica_context().all_reduce(
-          tf.distribute.ReduceOp.SUM, gradients)
+          tf.distribute.ReduceOp.SUM, unscaled)
     factors, grad_norm = optimization.clip_factors(
         whole, variables, config.grad_clip_norm, config.agc_clip)
+    if loss_scaled:
+      # A step the loss scaler skips is not a divergence: its overflowed
+      # norm is left out of the peaks (the scale is in the progress line).
+      grad_norm = tf.where(tf.math.is_finite(grad_norm), grad_norm, 0.0)
     gradients = [g if f is None else g * f
                  for g, f in zip(gradients, factors)]
     kernels = [v for v in variables if len(v.shape) >= 2]

@@ -29,6 +29,8 @@ RUN_FILE = "study.json"  # Per run: status, step of the NaN, wall time.
 RESULTS_JSON = "results.json"
 RESULTS_MARKDOWN = "results.md"
 CURVES_PNG = "curves.png"
+# Test top-1 levels whose time to reach every run reports (time-to-accuracy).
+TOP1_LEVELS = (0.85, 0.90, 0.92)
 
 
 def model_dir_of(output_dir, arm, seed):
@@ -157,14 +159,39 @@ def _run_results(model_dir, seed):
   top1 = _scalars(os.path.join(model_dir, metrics.EVAL_DIR)).get("top1", [])
   config = (config_file.read(model_dir)["config"]
             if config_file.exists(model_dir) else None)
+  rate = metrics.images_per_second(records)
   return {
       "seed": seed, "model_dir": model_dir, **state,
+      "images_per_second": rate,
+      "time_to_top1": _time_to_top1(records, top1, rate, config),
       "final_top1": top1[-1][1] if top1 and state["status"] == "done"
                     else None,
       "best_top1": max(v for _, v in top1) if top1 else None,
       "curves": {"train_loss": train_scalars.get("loss", []),
                  "test_top1": top1},
   }, config
+
+
+def _time_to_top1(records, top1, rate, config):
+  """{"0.9": {"step", "wall_seconds", "estimated_seconds"} or None} per level
+  of TOP1_LEVELS. wall_seconds is the training time it took (None where
+  metrics.jsonl does not cover it); estimated_seconds, the examples to that
+  evaluation at the run's median speed: what it takes undisturbed."""
+  from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
+  reached = metrics.time_to_levels(records, TOP1_LEVELS)
+  for level in TOP1_LEVELS:
+    # The event files hold every evaluation, metrics.jsonl those of the
+    # sessions since it existed: the first step comes from the former.
+    step = next((step for step, value in top1 if value >= level), None)
+    if step is not None and (reached[level] is None or
+                             step < reached[level]["step"]):
+      reached[level] = {"step": step, "wall_seconds": None}
+  for point in reached.values():
+    if point is not None:
+      point["estimated_seconds"] = (
+          round(point["step"] * config["batch_size"] / rate, 1)
+          if rate and config else None)
+  return {str(level): point for level, point in reached.items()}
 
 
 def _scalars(log_dir):
@@ -203,6 +230,19 @@ def collect(study, output_dir, arms=None, seeds=None):
   return results
 
 
+def _minutes_to(runs, level):
+  """'12.3' (mean over the runs that reached LEVEL, estimated undisturbed
+  minutes), with how many did when not all; '--' if none."""
+  times = [r["time_to_top1"][str(level)] for r in runs]
+  minutes = [t["estimated_seconds"] / 60 for t in times
+             if t and t.get("estimated_seconds") is not None]
+  if not minutes:
+    return "--"
+  text = f"{np.mean(minutes):.1f}"
+  return text if len(minutes) == len(runs) else (
+      f"{text} ({len(minutes)}/{len(runs)})")
+
+
 def _percent(value):
   return "--" if value is None else f"{100 * value:.2f}"
 
@@ -223,10 +263,12 @@ def _summary(values):
 
 def markdown_table(results):
   """One row per arm: test top-1 (final, best), NaN steps, wall time."""
+  levels = " / ".join(f"{100 * level:g}" for level in TOP1_LEVELS)
   lines = [
       "| configuration | what | seeds | final test top-1 (%) | best test "
-      "top-1 (%) | NaN at step | wall time |",
-      "|---|---|---|---|---|---|---|",
+      f"top-1 (%) | NaN at step | wall time | images/s | minutes to "
+      f"{levels} % |",
+      "|---|---|---|---|---|---|---|---|---|",
   ]
   for arm in results["arms"]:
     runs = arm["runs"]
@@ -240,12 +282,16 @@ def markdown_table(results):
                if r["status"] in ("done", "diverged")]
     wall = ("--" if not minutes else f"{minutes[0]:.1f} min"
             if len(runs) == 1 else f"{np.mean(minutes):.1f} min per seed")
+    speeds = [r["images_per_second"] for r in runs
+              if r.get("images_per_second")]
+    rates = f"{np.mean(speeds):.0f}" if speeds else "--"
     lines.append(
         f"| {arm['name']} | {arm['description']} | "
         f"{', '.join(str(r['seed']) for r in runs)} | "
         f"{_summary([r['final_top1'] for r in runs])} | "
         f"{_summary([r['best_top1'] for r in runs])} | "
-        f"{', '.join(nan) or 'none'} | {wall} |")
+        f"{', '.join(nan) or 'none'} | {wall} | {rates} | "
+        f"{' / '.join(_minutes_to(runs, level) for level in TOP1_LEVELS)} |")
   return "\n".join(lines) + "\n"
 
 

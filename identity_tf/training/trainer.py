@@ -14,6 +14,7 @@ checkpoint and stop (`preemption`); a NaN stops the run naming where it
 began (`diagnostics`).
 """
 
+import json
 import os
 import time
 
@@ -39,12 +40,17 @@ from identity_tf.training import step as step_lib
 
 def build_model(run):
   """RUN's network (`model.build_model` with the run's options)."""
-  return model_lib.build_model(run.model_name, **run.model_options)
+  return model_lib.build_model(run.model_name, **run.numerics,
+                               **run.model_options)
 
 
 def build_optimizer(run):
-  """RUN's optimizer: SGD with momentum at the run's schedule."""
-  return optimization.build_optimizer(run.schedule, run.config.momentum)
+  """RUN's optimizer: SGD with momentum at the run's schedule, with Keras's
+  dynamic loss scaling under mixed_float16 (float16 gradients underflow)."""
+  optimizer = optimization.build_optimizer(run.schedule, run.config.momentum)
+  if run.config.precision == "mixed_float16":
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
 
 
 class Trainer:
@@ -82,6 +88,13 @@ class Trainer:
   def step(self):
     """The global step: the optimizer's iterations."""
     return int(self.optimizer.iterations.numpy())
+
+  @property
+  def loss_scale(self):
+    """mixed_float16's dynamic loss scale; None without loss scaling."""
+    if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+      return None
+    return float(keras.ops.convert_to_numpy(self.optimizer.dynamic_scale))
 
   @property
   def learning_rate(self):
@@ -167,6 +180,13 @@ class Trainer:
     try:
       self._checkpoint().restore(path).assert_existing_objects_matched()
       return True
+    except tf.errors.DataLossError as e:
+      # Bytes that fail their checksum: a damaged checkpoint (with its
+      # .sha256 record it would have been caught before), not a pipeline
+      # that changed.
+      raise checkpoints.DamagedCheckpointError(
+          path, f"its saved input position fails its checksum "
+          f"({str(e).splitlines()[0][-80:]})") from None
     except tf.errors.OpError as e:
       logging.warning(
           "the input position in %s does not fit this input pipeline (%s); "
@@ -228,6 +248,8 @@ class Trainer:
             self.model, self.config.weight_decay)),
         "grad_norm": record["grad_norm"],
         "update_ratio": record["update_ratio"],
+        **({"loss_scale": record["loss_scale"]} if "loss_scale" in record
+           else {}),
         **{f"activation_rms/{name}": value for name, value in
            record["activation_rms"].items()},
         **{f"residual_branch_norm/stage{stage}": norm for stage, norm in
@@ -320,35 +342,59 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
 def _train(trainer, echo):
   """Restores TRAINER's run, writes config.json (the chief) and trains."""
   run = trainer.run
-  latest = checkpoints.resume_point(run.model_dir, trainer.chief, echo)
-  # Every worker restores the chief's checkpoint.
-  trainer.restore(latest)
+  latest = _restore(trainer, echo)
+  step = trainer.step
   if latest:
-    echo(f"resumed from {latest} at step {trainer.step}")
+    echo(f"resumed from {latest} at step {step}")
+  if step >= run.config.train_steps:
+    # config.json keeps what the run did: a command that trains nothing
+    # changes nothing.
+    echo(f"the run is at step {step}, at or past --train_steps="
+         f"{run.config.train_steps}: nothing to train (raise --train_steps "
+         "to continue it); config.json unchanged")
+    trainer.finish()
+    return {"step": step, "train_loss": None, "train_top1": None,
+            "eval": None, "model_dir": run.model_dir, "trained": False}
   if trainer.chief:
-    config_file.write(run.model_dir, run.description())
+    config_file.record(run.model_dir, run.description(), step)
+    # Shown once the run can start: an error before it is one line alone.
+    echo(json.dumps(run.description(model_dir=run.model_dir), indent=2,
+                    sort_keys=True))
   with metrics.MetricsWriter(run.model_dir, echo,
                              enabled=trainer.chief) as writer:
     writer.start(trainer.step)
     with preemption.Preemption(trainer.strategy, trainer.manager) as stop:
-      result = _loop(trainer, writer, stop, echo, resumed=bool(latest))
+      result = _loop(trainer, writer, stop, echo)
   trainer.finish()
   return result
 
 
-def _loop(trainer, writer, stop, echo, resumed):
+def _restore(trainer, echo):
+  """Restores the newest intact checkpoint (every worker the chief's); one
+  found damaged only on restoring is set aside like the others and the
+  next one restored. Returns its path, None for a new run."""
+  model_dir = trainer.run.model_dir
+  while True:
+    latest = checkpoints.resume_point(model_dir, trainer.chief, echo)
+    try:
+      trainer.restore(latest)
+      return latest
+    except checkpoints.DamagedCheckpointError as e:
+      if not trainer.chief:
+        raise
+      echo(f"{os.path.basename(e.prefix)} is damaged: {e.reason}")
+      checkpoints.quarantine(model_dir, {e.prefix: e.reason})
+
+
+def _loop(trainer, writer, stop, echo):
   """Steps until config.train_steps: a progress line every log_steps, a
   checkpoint every checkpoint_steps, an evaluation every eval_steps (the
   chief) and at the end; a stop on SIGTERM (STOP) and on NaN."""
   config, run = trainer.config, trainer.run
   step = trainer.step
-  if resumed and step >= config.train_steps:
-    echo(f"the run is at step {step}, at or past --train_steps="
-         f"{config.train_steps}: nothing to train (raise --train_steps to "
-         "continue it)")
   window = diagnostics.Window(trainer.watched)
   result = {"step": step, "train_loss": None, "train_top1": None,
-            "eval": None, "model_dir": run.model_dir}
+            "eval": None, "model_dir": run.model_dir, "trained": True}
   echo(f"training {config.model} on {config.dataset} for "
        f"{config.train_steps} steps, global batch {config.batch_size}, "
        f"{trainer.strategy.num_replicas_in_sync} replica(s) "
@@ -359,10 +405,15 @@ def _loop(trainer, writer, stop, echo, resumed):
     step = trainer.step
     diagnostics.check_finite(out, step, trainer.watched, window,
                              checkpoints.last_written(trainer.manager))
+    diagnostics.check_loss_scale(trainer.loss_scale, step,
+                                 checkpoints.last_written(trainer.manager))
     window.add(out)
     last = step >= config.train_steps
     if step % config.log_steps == 0 or last:
-      record = window.record(step, config.train_steps, trainer.learning_rate)
+      record = window.record(step, config.train_steps, trainer.learning_rate,
+                             config.batch_size)
+      if trainer.loss_scale is not None:
+        record["loss_scale"] = trainer.loss_scale
       writer.train(record, trainer.scalars(record))
       result.update(train_loss=record["loss"], train_top1=record["top1"])
     stop.check(step, trainer.save)

@@ -1,0 +1,284 @@
+"""Tests for identity_tf.theory.landscape and `linear_theory landscape`
+(Theorem 2.2 as an experiment)."""
+
+import concurrent.futures
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+
+from identity_tf.theory import landscape
+from identity_tf.theory import linear
+from identity_tf.theory import linear_run
+import testing
+
+
+def numpy_gap(a, r, sigma):
+  """f - f_opt = trace(E Sigma E^T), E = (I + A_l)...(I + A_1) - R: Claim 2.3
+  written out with a sequential NumPy product."""
+  d = r.shape[0]
+  product = np.eye(d)
+  for layer in a:
+    product = (np.eye(d) + layer) @ product
+  error = product - r
+  return float(np.trace(error @ sigma @ error.T))
+
+
+def spectral_norms(a):
+  return np.linalg.norm(a, ord=2, axis=(-2, -1))
+
+
+class GradientTest(absltest.TestCase):
+
+  def test_descent_gradient_matches_finite_differences(self):
+    rng = np.random.default_rng(0)
+    d, layers = 3, 3
+    sigma = linear.random_covariance(d, rng, 0.5, 2.0)
+    targets = np.stack([landscape.random_target(d, rng, 2.0, 1.0),
+                        landscape.flip_determinant(np.eye(d))])
+    a = np.stack([linear.random_layers(layers, d, rng, 0.4)
+                  for _ in range(2)])
+    gaps, gradients = landscape.batched_risk_and_gradient(a, targets, sigma)
+    step = 1e-6
+    for k in range(2):
+      self.assertAlmostEqual(float(gaps[k]),
+                             numpy_gap(a[k], targets[k], sigma), places=10)
+      numeric = np.zeros_like(a[k])
+      for index in np.ndindex(*a[k].shape):
+        plus, minus = a[k].copy(), a[k].copy()
+        plus[index] += step
+        minus[index] -= step
+        numeric[index] = (numpy_gap(plus, targets[k], sigma)
+                          - numpy_gap(minus, targets[k], sigma)) / (2 * step)
+      np.testing.assert_allclose(gradients[k].numpy(), numeric, rtol=1e-6,
+                                 atol=1e-8)
+
+  def test_random_target_has_the_asked_condition_and_positive_det(self):
+    rng = np.random.default_rng(1)
+    for condition, rotation in ((1.0, 0.0), (5.0, 1.0), (100.0, 3.0)):
+      r = landscape.random_target(6, rng, condition, rotation)
+      singular = np.linalg.svd(r, compute_uv=False)
+      self.assertAlmostEqual(singular[0] / singular[-1], condition, places=8)
+      self.assertGreater(np.linalg.det(r), 0)
+      # The orthogonal polar factor turns by at most ROTATION.
+      u, _, vt = np.linalg.svd(r)
+      angles = np.abs(np.angle(np.linalg.eigvals(u @ vt)))
+      self.assertLessEqual(angles.max(), rotation + 1e-9)
+
+
+class ExperimentTest(absltest.TestCase):
+
+  def test_trivial_target_is_always_reached_inside_b_1(self):
+    rng = np.random.default_rng(2)
+    d = 4
+    sigma = linear.random_covariance(d, rng, 0.5, 2.0)
+    report, _ = landscape.run_landscape(np.eye(d), sigma, [2, 3], [0.05, 0.2],
+                                        starts=4, steps=300, epsilon=1e-8)
+    self.assertLen(report["cells"], 4)
+    for cell in report["cells"]:
+      residual = cell["residual"]
+      self.assertEqual(residual["reached_fraction"], 1.0, cell)
+      self.assertEqual(residual["stayed_in_B_1_fraction"], 1.0, cell)
+      # (2.3) along the paths, which stay in B_tau' with tau' < 1.
+      self.assertGreaterEqual(residual["min_ratio_over_pl_constant"], 1.0)
+
+  def test_negative_determinant_is_not_reached_inside_b_1(self):
+    rng = np.random.default_rng(3)
+    d, layers = 3, 2
+    sigma = linear.random_covariance(d, rng, 0.5, 2.0)
+    flipped = landscape.flip_determinant(
+        landscape.random_target(d, rng, 2.0, 0.5))
+    self.assertLess(np.linalg.det(flipped), 0)
+    starts = landscape.draw_starts(6, layers, d, 0.3, seed=4)
+    # No product of near-identity layers has det < 0 ...
+    for a in starts:
+      product = np.linalg.multi_dot([np.eye(d) + layer for layer in a[::-1]])
+      self.assertGreater(np.linalg.det(product), 0)
+    run = landscape.descend_batch(starts, np.repeat(flipped[None], 6, 0),
+                                  sigma, steps=300, step_size=0.05)
+    # ... so inside B_1 the gap stays above the distance to det < 0.
+    floor = (np.linalg.eigvalsh(sigma).min()
+             * np.linalg.svd(flipped, compute_uv=False).min() ** 2)
+    self.assertAlmostEqual(landscape.negative_det_floor(flipped, sigma),
+                           floor, places=12)
+    inside = run["norm"] < 1.0
+    self.assertTrue(np.all(run["gap"][inside] >= floor * (1 - 1e-9)))
+    epsilon = 1e-6
+    for k in range(6):
+      below = np.flatnonzero(run["gap"][:, k] <= epsilon)
+      if below.size:  # Reached: only after |||A||| reached 1.
+        self.assertTrue(np.any(run["norm"][:below[0] + 1, k] >= 1.0))
+    summary = landscape.negative_det_summary(run, epsilon, floor)
+    self.assertEqual(summary["reached_without_crossing_1"], 0)
+    self.assertTrue(summary["floor_holds"])
+    # A budget too short to leave B_1: never reached, and reported so.
+    short = landscape.descend_batch(starts, np.repeat(flipped[None], 6, 0),
+                                    sigma, steps=3, step_size=0.05)
+    self.assertTrue(np.all(short["norm"] < 1.0))
+    short_summary = landscape.negative_det_summary(short, epsilon, floor)
+    self.assertEqual(short_summary["reached_fraction"], 0.0)
+    self.assertEqual(short_summary["crossed_1_fraction"], 0.0)
+
+  def test_plain_parametrisation_does_not_move_from_zero(self):
+    rng = np.random.default_rng(5)
+    d = 3
+    r = landscape.random_target(d, rng, 2.0, 1.0)
+    sigma = linear.random_covariance(d, rng, 0.5, 2.0)
+    # W = 0 is A = -I; the gradient of W_l...W_1 there is a product with a
+    # zero factor for every layer (l >= 2).
+    a = -np.repeat(np.eye(d)[None, None], 3, 1)
+    run = landscape.descend_batch(a, r[None], sigma, steps=50,
+                                  step_size=0.1)
+    np.testing.assert_array_equal(run["grad_sq"], 0.0)
+    np.testing.assert_allclose(run["gap"][:, 0],
+                               numpy_gap(np.zeros((1, d, d)) - np.eye(d),
+                                         r, sigma), rtol=1e-12)
+    # tau = 0 starts every run at A = 0, so the plain contrast at W = 0.
+    report, _ = landscape.run_landscape(r, sigma, [2], [0.0], starts=2,
+                                        steps=20, epsilon=1e-6)
+    plain = report["cells"][0]["plain"]
+    self.assertEqual(plain["reached_fraction"], 0.0)
+    self.assertEqual(plain["never_halved"], 2)
+    self.assertEqual(plain["final_gap_median"], plain["initial_gap_median"])
+
+  def test_summary_reads_the_paths(self):
+    # Two hand-made paths: one reaches epsilon at step 2 inside B_0.5, one
+    # never does and leaves B_1.
+    run = {"gap": np.array([[4.0, 4.0], [1.0, 3.0], [1e-9, 2.5],
+                            [0.0, 2.0]]),
+           "norm": np.array([[0.3, 0.3], [0.4, 0.9], [0.45, 1.2],
+                             [0.9, 1.3]]),
+           "grad_sq": np.array([[8.0, 8.0], [3.0, 6.0], [1.0, 5.0],
+                                [0.0, 4.0]]),
+           "diverged": np.array([-1, -1])}
+    summary = landscape.residual_summary(run, 1e-6, 0.5, 2, 0.5)
+    self.assertEqual(summary["reached_fraction"], 0.5)
+    self.assertEqual(summary["steps_to_epsilon"], {"median": 2.0, "max": 2})
+    self.assertEqual(summary["path_max_norm"]["max"], 1.3)
+    self.assertEqual(summary["stayed_in_B_1_fraction"], 0.5)
+    self.assertEqual(summary["stayed_in_B_tau_fraction"], 0.5)
+    self.assertEqual(summary["min_ratio"], 2.0)  # 8 / 4, 3 / 1, 6 / 3, ...
+    self.assertIsNone(summary["pl_constant_at_path_max_norm"])  # tau >= 1
+
+
+class BinaryTest(absltest.TestCase):
+  """Runs `linear_theory landscape` as a user does, all runs at once."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.TemporaryDirectory()
+    tmp = cls.tmp.name
+    rng = np.random.default_rng(6)
+    np.save(os.path.join(tmp, "R.npy"), landscape.random_target(
+        3, rng, 2.0, 0.5))
+    np.save(os.path.join(tmp, "flipped.npy"), np.diag([1.0, -1.0, 1.0]))
+    env = dict(os.environ, BUILD_WORKING_DIRECTORY=tmp)
+    small = ("--depths=2,3", "--taus=0.1,0.3", "--starts=3", "--steps=60")
+    runs = {
+        "random": ("landscape", "--d=3", *small, "--output=report.json",
+                   "--plot=landscape.png"),
+        # Plain mistakes: one line each, exit 1, nothing on stdout. (The
+        # rest of the checks are in CommandErrorsTest, in this process.)
+        "tau_one": ("landscape", "--taus=0.5,1"),
+        "det_negative": ("landscape", "--R=flipped.npy"),
+        "layers": ("landscape", "--layers=4"),
+    }
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+      futures = {name: pool.submit(testing.run_binary, "linear_theory", *args,
+                                   env=env)
+                 for name, args in runs.items()}
+      cls.results = {name: f.result() for name, f in futures.items()}
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+    super().tearDownClass()
+
+  def test_writes_json_and_png(self):
+    result = self.results["random"]
+    self.assertEqual(result.returncode, 0, result.stderr)
+    report = json.loads(result.stdout)
+    with open(os.path.join(self.tmp.name, "report.json")) as f:
+      self.assertEqual(json.load(f), report)
+    with open(os.path.join(self.tmp.name, "landscape.png"), "rb") as f:
+      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    self.assertEqual(report["plot"], "landscape.png")
+    self.assertEqual([(c["layers"], c["tau"]) for c in report["cells"]],
+                     [(2, 0.1), (2, 0.3), (3, 0.1), (3, 0.3)])
+    self.assertEqual(report["d"], 3)
+    self.assertGreater(report["R"]["det"], 0)
+    for cell in report["cells"]:
+      self.assertEqual(cell["residual"]["starts"], 3)
+      mu = cell["residual"]["pl_constant_at_path_max_norm"]
+      if mu is not None:  # (2.3) held along every path inside B_1.
+        self.assertGreaterEqual(cell["residual"]["min_ratio"], mu)
+
+  def test_bad_flags_are_one_line(self):
+    expected = {
+        "tau_one": r"--taus must be in \[0, 1\)",
+        "det_negative": r"--R=flipped.npy has det R <= 0",
+        "layers": r"landscape takes --depths=2,4,8, not --layers",
+    }
+    for name, pattern in expected.items():
+      with self.subTest(name):
+        result = self.results[name]
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertRegex(testing.last_stderr_line(result),
+                         "^error: .*" + pattern)
+
+
+class CommandTest(absltest.TestCase):
+  """`linear_run.landscape_command`, what the binary calls, in this process:
+  its one-line errors (the binary prints them as `error: ...`, exit status
+  1: BinaryTest) come before any descent."""
+
+  def test_reads_r_from_a_file(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      r_path = os.path.join(tmp, "R.npy")
+      target = landscape.random_target(3, np.random.default_rng(7), 2.0, 0.5)
+      np.save(r_path, target)
+      emitted = []
+      report = linear_run.landscape_command(
+          r_path=r_path, r_as_typed="R.npy", depths=["2"], taus=["0.2"],
+          starts=2, steps=30, emit=emitted.append)
+    self.assertEqual(emitted, [report])
+    self.assertAlmostEqual(report["R"]["det"], np.linalg.det(target),
+                           places=10)
+    self.assertEqual(report["R"]["source"], {"file": "R.npy"})
+    self.assertEqual(report["d"], 3)
+
+  def test_each_mistake_names_its_flag(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      r_path = os.path.join(tmp, "R.npy")
+      np.save(r_path, np.eye(3))
+      cases = {
+          r"--depths must be >= 1": {"depths": ["0", "2"]},
+          r"--depths must be a comma-separated list of integers, e.g. "
+          r"--depths=2,4,8; got two": {"depths": ["two"]},
+          r"--taus must be a comma-separated list": {"taus": ["x"]},
+          r"--taus must be in \[0, 1\)": {"taus": ["nan"]},
+          r"--epsilon > 0": {"epsilon": 0.0},
+          r"--step_size must be positive": {"step_size": -1.0},
+          r"give --R=R.npy or --condition/--rotation": {
+              "r_path": r_path, "condition": 3.0},
+          r"--d=5 but --R=.*R.npy is 3 x 3": {"r_path": r_path, "d": 5},
+          r"--condition >= 1": {"condition": 0.5},
+          r"0 <= --rotation <= pi": {"rotation": 4.0},
+          r"--plot=.*: directory .* does not exist": {
+              "plot_path": os.path.join(tmp, "missing", "p.png")},
+          r"--output=.* is a directory": {"output_path": tmp},
+      }
+      for pattern, arguments in cases.items():
+        with self.subTest(pattern):
+          with self.assertRaisesRegex(ValueError, "^" + ".*" + pattern):
+            linear_run.landscape_command(**arguments)
+      self.assertEqual(os.listdir(tmp), ["R.npy"])
+
+
+if __name__ == "__main__":
+  absltest.main()

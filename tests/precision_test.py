@@ -1,0 +1,300 @@
+"""--precision and --jit_compile: what each computes in, checked against
+float32 computations of the same weights."""
+
+import dataclasses
+import json
+import os
+
+from absl.testing import absltest
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import configs
+from identity_tf import model as model_lib
+from identity_tf.bench import rounding
+from identity_tf.data import preprocessing
+from identity_tf.data import synthetic
+from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import run as run_lib
+from identity_tf.training import trainer as trainer_lib
+import testing
+
+TINY = dict(width=0.125, units=1, seed=5)
+# bfloat16 keeps 8 significant bits (relative step 2^-8 = 0.4 %), float16 11;
+# a tiny network's probabilities move by a few such steps.
+BF16_PROBABILITY_TOLERANCE = 2e-2
+
+
+def _tiny_config(**overrides):
+  return dataclasses.replace(
+      configs.PRESETS["smoke"], batch_size=16, width=0.125, units=(1,),
+      grad_clip_norm=1.0, weight_decay=1e-4, learning_rate=0.05,
+      lr_schedule="constant", **overrides)
+
+
+def _trainer(config, model_dir, images, labels):
+  """A Trainer of CONFIG fed the one batch (IMAGES, LABELS), restored new."""
+  strategy = tf.distribute.get_strategy()
+  run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset),
+                        model_dir)
+
+  def dataset_fn(_):
+    return tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+  trainer = trainer_lib.Trainer(run, strategy, dataset_fn=dataset_fn)
+  trainer.restore(None)
+  return trainer
+
+
+def _batch(n=16, seed=0):
+  rng = np.random.default_rng(seed)
+  return (rng.standard_normal((n, 32, 32, 3)).astype(np.float32),
+          rng.integers(0, 10, n).astype(np.int32))
+
+
+def _clipped_sgd_update(model, images, labels, config):
+  """One step of SGD with momentum from zero slots, in float64 NumPy from a
+  float32 tape: the update -lr * clip(g) that //bin:train should apply."""
+  with tf.GradientTape() as tape:
+    logits = model(images, training=True)
+    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+        labels, logits, from_logits=True))
+    loss += config.weight_decay * 0.5 * tf.add_n([
+        tf.reduce_sum(tf.square(v)) for v in model.trainable_variables
+        if len(v.shape) == 4])
+  grads = [g.numpy().astype(np.float64)
+           for g in tape.gradient(loss, model.trainable_variables)]
+  norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+  factor = min(1.0, config.grad_clip_norm / norm)
+  return [-config.learning_rate * factor * g for g in grads]
+
+
+class PolicyTest(absltest.TestCase):
+
+  def test_mixed_precision_computes_convolutions_in_16_bits_only(self):
+    for precision, compute in (("mixed_bfloat16", "bfloat16"),
+                               ("mixed_float16", "float16")):
+      model = model_lib.build_model("cifar10", precision=precision, **TINY)
+      convolutions = [layer for layer in model._flatten_layers()  # pylint: disable=protected-access
+                      if isinstance(layer, keras.layers.Conv2D)]
+      self.assertLen(convolutions, 7)
+      for layer in convolutions:
+        self.assertEqual(layer.compute_dtype, compute, layer.name)
+        self.assertEqual(layer.variable_dtype, "float32", layer.name)
+      self.assertEqual(model.get_layer("projection").compute_dtype, "float32")
+      logits = model(np.zeros((2, 32, 32, 3), np.float32))
+      self.assertEqual(logits.dtype, "float32")
+      # The global policy is untouched.
+      self.assertEqual(keras.config.dtype_policy().name, "float32")
+
+  def test_a_saved_bfloat16_model_loads_in_bfloat16(self):
+    model = model_lib.build_model("cifar10", precision="mixed_bfloat16",
+                                  **TINY)
+    path = os.path.join(self.create_tempdir().full_path, "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    images = np.random.default_rng(1).standard_normal(
+        (3, 32, 32, 3)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(images).numpy(),
+                                  model(images).numpy())
+    unit = loaded.get_layer("stage2_unit1")
+    self.assertEqual(unit.conv1.compute_dtype, "bfloat16")
+
+  def test_bfloat16_logits_are_float32_logits_to_bfloat16_accuracy(self):
+    # The same weights in both precisions: an independent float32 forward.
+    mixed = model_lib.build_model("cifar10", precision="mixed_bfloat16",
+                                  **TINY)
+    exact = model_lib.build_model("cifar10", precision="float32", **TINY)
+    exact.set_weights(mixed.get_weights())
+    images = np.random.default_rng(2).standard_normal(
+        (8, 32, 32, 3)).astype(np.float32)
+    low, high = mixed(images).numpy(), exact(images).numpy()
+    scale = np.max(np.abs(high))
+    self.assertGreater(np.max(np.abs(low - high)), 0)  # Really bfloat16.
+    np.testing.assert_allclose(low, high, atol=0.05 * scale)
+
+
+def _to_bfloat16(x):
+  """float32 -> the nearest bfloat16 (ties to even), as float64: bit
+  arithmetic on the float32 encoding, independent of TensorFlow's cast."""
+  bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+  rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+  return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+class IdentityInBfloat16Test(absltest.TestCase):
+
+  def test_float32_stream_adds_16_bit_branches_in_float32(self):
+    options = dict(TINY, units=2)
+    exact = model_lib.build_model("cifar10", precision="float32", **options)
+    plain = model_lib.build_model("cifar10", precision="mixed_bfloat16",
+                                  **options)
+    stream = model_lib.build_model("cifar10", precision="mixed_bfloat16",
+                                   float32_stream=True, **options)
+    unit = stream.get_layer("stage2_unit2")
+    self.assertEqual((unit.compute_dtype, unit.conv1.compute_dtype,
+                      unit.output.dtype), ("float32", "bfloat16", "float32"))
+    images = np.random.default_rng(3).standard_normal(
+        (8, 32, 32, 3)).astype(np.float32)
+    reference = exact(images).numpy()
+    error = {name: np.max(np.abs(model(images).numpy() - reference))
+             for name, model in (("plain", plain), ("stream", stream))}
+    self.assertLess(error["stream"], error["plain"] / 2)
+    # A float32 run ignores it.
+    ignored = model_lib.build_model("cifar10", precision="float32",
+                                    float32_stream=True, **options)
+    np.testing.assert_array_equal(ignored(images).numpy(), reference)
+
+  def test_branch_survival_is_the_rounded_sum(self):
+    model = model_lib.build_model("cifar10", precision="float32",
+                                  **dict(TINY, units=2))
+    images = np.random.default_rng(4).standard_normal(
+        (4, 32, 32, 3)).astype(np.float32)
+    rows = {r["unit"]: r for r in rounding.branch_survival(model, images)}
+    self.assertLen(rows, 6)
+    # stage1_unit2 keeps its shape: the shortcut is x itself.
+    unit = model.get_layer("stage1_unit2")
+    x = keras.Model(model.input, unit.input)(images).numpy()
+    b = unit(x).numpy().astype(np.float64) - x
+    sum_ = _to_bfloat16(_to_bfloat16(x) + _to_bfloat16(b))
+    kept = sum_ - _to_bfloat16(x)
+    lost = np.linalg.norm(kept - b) / np.linalg.norm(b)
+    row = rows["stage1_unit2"]
+    self.assertAlmostEqual(row["lost"], lost, delta=1e-6)
+    self.assertAlmostEqual(row["branch_to_stream"],
+                           np.linalg.norm(b) / np.linalg.norm(x), delta=1e-6)
+    self.assertAlmostEqual(row["rounded_away"],
+                           np.mean(kept[b != 0] == 0), delta=1e-9)
+    # The paper's initialisation: the branch is small and much of it lost.
+    self.assertLess(row["branch_to_stream"], 0.05)
+    self.assertGreater(row["lost"], 0.05)
+
+
+class StepTest(absltest.TestCase):
+
+  def _first_update(self, precision, jit_compile=False):
+    images, labels = _batch()
+    config = _tiny_config(precision=precision, jit_compile=jit_compile)
+    trainer = _trainer(config, self.create_tempdir().full_path, images,
+                       labels)
+    exact = model_lib.build_model(trainer.run.model_name, precision="float32",
+                                  **trainer.run.model_options)
+    exact.set_weights(trainer.model.get_weights())
+    before = [v.numpy() for v in trainer.model.trainable_variables]
+    self.weights = before
+    expected = _clipped_sgd_update(exact, images, labels, config)
+    out = trainer.run_steps(1)
+    after = [v.numpy() for v in trainer.model.trainable_variables]
+    return trainer, out, [a - b for a, b in zip(after, before)], expected
+
+  def _assert_update_direction(self, update, expected, relative):
+    """The whole update (every variable, flattened) within RELATIVE of the
+    expected one in norm: single entries of 16-bit gradients may be off by
+    more (an entry near zero), the step taken is not."""
+    u = np.concatenate([x.ravel() for x in update])
+    e = np.concatenate([x.ravel() for x in expected])
+    self.assertLess(np.linalg.norm(u - e) / np.linalg.norm(e), relative)
+
+  def _assert_updates_close(self, update, expected, relative):
+    """Each variable's update within RELATIVE of its largest expected entry,
+    plus the float32 rounding of the weights the update was read from."""
+    for u, e, v in zip(update, expected, self.weights):
+      rounding = 2 * np.spacing(np.max(np.abs(v)).astype(np.float32))
+      np.testing.assert_allclose(u, e, rtol=0,
+                                 atol=relative * np.max(np.abs(e)) + rounding)
+
+  def test_float16_loss_scaling_clips_the_unscaled_gradient(self):
+    trainer, out, update, expected = self._first_update("mixed_float16")
+    self.assertEqual(trainer.step, 1)
+    self.assertGreater(trainer.loss_scale, 1)
+    # The clip applied to the true gradient: were it applied to the scaled
+    # one (norm times 32768), the update would be 32768 times smaller.
+    total = np.sqrt(sum(np.sum(u * u) for u in update))
+    want = np.sqrt(sum(np.sum(e * e) for e in expected))
+    self.assertAlmostEqual(total / want, 1.0, delta=0.02)
+    self._assert_update_direction(update, expected, 0.01)
+    np.testing.assert_array_equal(out["first_nonfinite"], [-1, -1])
+
+  def test_a_step_the_loss_scaler_skips_is_not_a_divergence(self):
+    images, labels = _batch()
+    config = _tiny_config(precision="mixed_float16")
+    trainer = _trainer(config, self.create_tempdir().full_path, images,
+                       labels)
+    trainer.optimizer.dynamic_scale.assign(2.0 ** 60)  # float16 overflows.
+    before = [v.numpy() for v in trainer.model.trainable_variables]
+    out = trainer.run_steps(1)
+    for b, v in zip(before, trainer.model.trainable_variables):
+      np.testing.assert_array_equal(v.numpy(), b)
+    self.assertEqual(trainer.step, 0)  # Skipped: no update was applied.
+    self.assertEqual(trainer.loss_scale, 2.0 ** 59)
+    np.testing.assert_array_equal(out["first_nonfinite"], [-1, -1])
+    self.assertTrue(np.isfinite(out["peaks"]).all())
+
+  def test_bfloat16_step_is_the_float32_step_to_bfloat16_accuracy(self):
+    _, _, update, expected = self._first_update("mixed_bfloat16")
+    self._assert_update_direction(update, expected, 0.03)
+
+  def test_jit_compile_gives_the_same_step(self):
+    # XLA may fuse and reorder float32 reductions: equal to round-off.
+    _, _, update, expected = self._first_update("float32", jit_compile=True)
+    self._assert_updates_close(update, expected, 1e-4)
+
+
+class RunTest(testing.SharedRootTestCase):
+
+  def test_export_of_a_bfloat16_run_is_float32_in_and_out(self):
+    model_dir = os.path.join(self.root, "bf16")
+    testing.run_binary("train", "--preset=smoke", f"--model_dir={model_dir}",
+                       "--precision=mixed_bfloat16", "--train_steps=20",
+                       "--checkpoint_steps=20", "--noeval_at_end",
+                       check=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+      self.assertEqual(json.load(f)["config"]["precision"], "mixed_bfloat16")
+    export_dir = os.path.join(self.root, "exported")
+    testing.run_binary("export", f"--model_dir={model_dir}",
+                       f"--export_dir={export_dir}", check=True)
+    loaded = tf.saved_model.load(os.path.join(export_dir, "1"))
+    signature = loaded.signatures["serving_default"]
+    self.assertEqual(signature.structured_input_signature[1]["images"].dtype,
+                     tf.float32)
+    images, _ = synthetic.arrays("test")
+    pixels = images[:8].astype(np.float32)
+    served = signature(images=tf.constant(pixels))
+    self.assertEqual(served["probabilities"].dtype, tf.float32)
+    # Against the float32 evaluation of the same checkpoint.
+    model, run, _ = checkpoints.restore_model(model_dir, precision="float32")
+    expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
+        pixels, run.preprocessing), training=False)).numpy()
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected,
+                               atol=BF16_PROBABILITY_TOLERANCE)
+
+  def test_switching_into_float16_on_resume_is_refused(self):
+    model_dir = os.path.join(self.root, "switch")
+    testing.run_binary("train", "--preset=smoke", f"--model_dir={model_dir}",
+                       "--train_steps=10", "--checkpoint_steps=10",
+                       "--noeval_at_end", check=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+      before = f.read()
+    result = testing.run_binary("train", "--preset=smoke",
+                                f"--model_dir={model_dir}",
+                                "--train_steps=20",
+                                "--precision=mixed_float16")
+    self.assertEqual(result.returncode, 1)
+    line = testing.last_stderr_line(result)
+    self.assertIn("precision ('float32' -> 'mixed_float16')", line)
+    with open(os.path.join(model_dir, "config.json")) as f:
+      self.assertEqual(f.read(), before)
+
+  def test_an_unknown_precision_is_one_line(self):
+    result = testing.run_binary("train", "--preset=smoke",
+                                "--precision=float8", "--dry_run",
+                                f"--model_dir={self.root}/bad")
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("precision", testing.last_stderr_line(result))
+    self.assertFalse(os.path.exists(os.path.join(self.root, "bad")))
+
+
+if __name__ == "__main__":
+  absltest.main()
