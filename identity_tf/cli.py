@@ -150,6 +150,45 @@ def resolve_path(value):
   return os.path.normpath(os.path.join(base, value))
 
 
+def parse_numbers(values, kind, flag, example):
+  """A list flag's strings (or numbers) as KIND (int or float); ValueError
+  naming --FLAG, with EXAMPLE (e.g. "2,4,8") of what it takes."""
+  try:
+    return [kind(str(v)) for v in values]
+  except (TypeError, ValueError):
+    raise ValueError(f"--{flag} must be a comma-separated list of "
+                     f"{'integers' if kind is int else 'numbers'}, e.g. "
+                     f"--{flag}={example}; got {','.join(map(str, values))}"
+                     ) from None
+
+
+def check_output_file(path, flag):
+  """ValueError naming FLAG (as typed) unless PATH can become a file: run
+  before the work whose result it will hold."""
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} is a directory; give a file path")
+  parent = os.path.dirname(path) or "."
+  if not os.path.isdir(parent):
+    raise ValueError(f"{flag}: directory {parent} does not exist; create it "
+                     "or give another path")
+
+
+def write_whole(path, write, flag, suffix=""):
+  """WRITE(a temporary path ending in SUFFIX, e.g. ".png" for a writer that
+  picks its format by name), then rename it onto PATH: PATH is whole or
+  absent. ValueError naming FLAG if it cannot be written."""
+  directory, name = os.path.split(path)
+  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp{suffix}")
+  try:
+    write(temporary)
+    os.replace(temporary, path)
+  except OSError as e:
+    raise ValueError(f"cannot write {flag}: {e}") from None
+  finally:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+
+
 def default_model_dir(preset):
   """runs/<preset> under the directory the user ran the command from."""
   return resolve_path(os.path.join("runs", preset))

@@ -23,10 +23,11 @@ Float64 throughout.
 """
 
 import json
-import os
 
 import numpy as np
 import tensorflow as tf
+
+from identity_tf import cli
 
 DTYPE = tf.float64
 FAMILIES = ("residual", "plain")
@@ -493,43 +494,6 @@ def _ignore(_):
   pass
 
 
-def parse_list(values, kind, flag):
-  """A list flag's strings as KIND (int or float); ValueError naming FLAG."""
-  try:
-    return [kind(str(v)) for v in values]
-  except ValueError:
-    example = "2,4" if kind is int else "0.01,0.1"
-    raise ValueError(f"--{flag} must be a comma-separated list of "
-                     f"{'integers' if kind is int else 'numbers'}, e.g. "
-                     f"--{flag}={example}; got {','.join(map(str, values))}"
-                     ) from None
-
-
-def _check_writable(path, flag):
-  """ValueError naming FLAG unless PATH can become a file (before any work)."""
-  if os.path.isdir(path):
-    raise ValueError(f"{flag} is a directory; give a file path")
-  parent = os.path.dirname(path) or "."
-  if not os.path.isdir(parent):
-    raise ValueError(f"{flag}: directory {parent} does not exist; create it "
-                     "or give another path")
-
-
-def _write_whole(path, write, flag):
-  """WRITE(a temporary path), then rename it onto PATH: whole or absent."""
-  directory, name = os.path.split(path)
-  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp"
-                           f"{os.path.splitext(name)[1]}")
-  try:
-    write(temporary)
-    os.replace(temporary, path)
-  except OSError as e:
-    raise ValueError(f"cannot write {flag}: {e}") from None
-  finally:
-    if os.path.exists(temporary):
-      os.remove(temporary)
-
-
 def probe_command(settings, *, output_path=None, output_as_typed=None,
                   plot_path=None, plot_as_typed=None, log=_ignore,
                   emit=_ignore):
@@ -544,12 +508,13 @@ def probe_command(settings, *, output_path=None, output_as_typed=None,
              ("plot", plot_path, plot_as_typed))
   for name, path, as_typed in outputs:
     if path:
-      _check_writable(path, f"--{name}={as_typed or path}")
+      cli.check_output_file(path, f"--{name}={as_typed or path}")
   values = {name: (DEFAULTS.get(name) if settings.get(name) is None
                    else settings[name])
             for name in (*DEFAULTS, "hidden")}
-  for name, kind in (("depths", int), ("widths", int), ("init_norms", float)):
-    values[name] = parse_list(values[name], kind, name)
+  for name, kind, example in (("depths", int, "2,4"), ("widths", int, "2,4"),
+                              ("init_norms", float, "0.01,0.1")):
+    values[name] = cli.parse_numbers(values[name], kind, name, example)
   report, curves = run_probe(
       values["depths"], values["widths"], values["init_norms"],
       values["seeds"], values["samples"], values["steps"],
@@ -560,14 +525,15 @@ def probe_command(settings, *, output_path=None, output_as_typed=None,
     with open(path, "w") as f:
       json.dump(report, f, indent=1)
 
-  writers = {"output": write_json,
-             "plot": lambda path: plot_probe(report, curves, path)}
+  writers = {"output": (write_json, ".json"),
+             "plot": (lambda path: plot_probe(report, curves, path), ".png")}
   for name, path, as_typed in outputs:
     if path:
       report[name] = as_typed or path
   for name, path, as_typed in outputs:
     if path:
-      _write_whole(path, writers[name], f"--{name}={as_typed or path}")
+      write, suffix = writers[name]
+      cli.write_whole(path, write, f"--{name}={as_typed or path}", suffix)
       log(f"wrote {path}")
   emit(report)
   if report["totals"]["residual"]["diverged"]:

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from identity_tf import cli
 from identity_tf.theory import landscape
 from identity_tf.theory import linear
 
@@ -189,40 +190,6 @@ def _check_converged(run):
                      f"(it was {run['step_size']:.3g})")
 
 
-def _numbers(values, kind, flag):
-  """VALUES (a list flag's strings, or numbers) as KIND; else ValueError."""
-  try:
-    return [kind(float(v)) if kind is float else int(str(v)) for v in values]
-  except (TypeError, ValueError):
-    example = "2,4,8" if kind is int else "0.1,0.3,0.5"
-    raise ValueError(f"--{flag} must be a comma-separated list of "
-                     f"{'integers' if kind is int else 'numbers'}, e.g. "
-                     f"--{flag}={example}; got {','.join(map(str, values))}"
-                     ) from None
-
-
-def _check_writable(path, flag):
-  """ValueError naming FLAG unless PATH can become a file (before any work)."""
-  if os.path.isdir(path):
-    raise ValueError(f"{flag} is a directory; give a file path")
-  parent = os.path.dirname(path) or "."
-  if not os.path.isdir(parent):
-    raise ValueError(f"{flag}: directory {parent} does not exist; create it "
-                     "or give another path")
-
-
-def _replace_atomically(path, write, suffix):
-  """WRITE(temporary path) then rename onto PATH: PATH is whole or absent."""
-  directory, name = os.path.split(path)
-  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp{suffix}")
-  try:
-    write(temporary)
-    os.replace(temporary, path)
-  finally:
-    if os.path.exists(temporary):
-      os.remove(temporary)
-
-
 def _landscape_instance(d, r_path, r_as_typed, condition, rotation, seed):
   """(R, Sigma, how R was made) for `landscape_command`."""
   rng = np.random.default_rng(seed)
@@ -276,9 +243,11 @@ def landscape_command(d=None, r_path=None, condition=None, rotation=None,
              "plot": (plot_path, plot_as_typed)}
   for name, (path, as_typed) in outputs.items():
     if path:
-      _check_writable(path, f"--{name}={as_typed or path}")
-  depths = _numbers(depths or LANDSCAPE["depths"], int, "depths")
-  taus = _numbers(taus or LANDSCAPE["taus"], float, "taus")
+      cli.check_output_file(path, f"--{name}={as_typed or path}")
+  depths = cli.parse_numbers(depths or LANDSCAPE["depths"], int, "depths",
+                             "2,4,8")
+  taus = cli.parse_numbers(taus or LANDSCAPE["taus"], float, "taus",
+                           "0.1,0.3,0.5")
   if any(l < 1 for l in depths):
     raise ValueError(f"--depths must be >= 1, got {depths}")
   if any(not 0 <= t < 1 for t in taus):
@@ -323,9 +292,5 @@ def _write_landscape(report, curves, outputs, log):
     if not path:
       continue
     report[name] = as_typed or path
-    try:
-      _replace_atomically(path, write, suffix)
-    except OSError as e:
-      raise ValueError(f"cannot write --{name}={as_typed or path}: {e}"
-                       ) from None
+    cli.write_whole(path, write, f"--{name}={as_typed or path}", suffix)
     log(f"wrote {path}")
