@@ -1,7 +1,6 @@
 """Tests for identity_tf.theory.conjecture and bin/conjecture.py (the probe of
 Section 5's conjecture)."""
 
-import concurrent.futures
 import json
 import os
 import tempfile
@@ -238,11 +237,7 @@ class BinaryTest(absltest.TestCase):
         "tolerance_nan": ("--tolerance=nan",),
         "positional": ("probe",),
     }
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-      futures = {name: pool.submit(testing.run_binary, "conjecture", *args,
-                                   env=env)
-                 for name, args in runs.items()}
-      cls.results = {name: f.result() for name, f in futures.items()}
+    cls.results = testing.run_binaries("conjecture", runs, 3, env=env)
 
   @classmethod
   def tearDownClass(cls):

@@ -441,10 +441,7 @@ class ExportTest(absltest.TestCase):
         "unknown_model": (f"--server={self.double.rest_address}",
                           "--model_name=nope", png),
     }
-    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
-      futures = {key: pool.submit(testing.run_binary, "serve_client", *args)
-                 for key, args in runs.items()}
-      results = {key: future.result() for key, future in futures.items()}
+    results = testing.run_binaries("serve_client", runs, len(runs))
     for key in ("rest", "grpc"):
       self.assertEqual(results[key].returncode, 0, results[key].stderr[-2000:])
     lines = results["rest"].stdout.splitlines() + (

@@ -1,7 +1,6 @@
 """Tests for identity_tf.theory.landscape and `linear_theory landscape`
 (Theorem 2.2 as an experiment)."""
 
-import concurrent.futures
 import json
 import os
 import tempfile
@@ -186,11 +185,7 @@ class BinaryTest(absltest.TestCase):
         "det_negative": ("landscape", "--R=flipped.npy"),
         "layers": ("landscape", "--layers=4"),
     }
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-      futures = {name: pool.submit(testing.run_binary, "linear_theory", *args,
-                                   env=env)
-                 for name, args in runs.items()}
-      cls.results = {name: f.result() for name, f in futures.items()}
+    cls.results = testing.run_binaries("linear_theory", runs, 4, env=env)
 
   @classmethod
   def tearDownClass(cls):

@@ -1,5 +1,6 @@
 """Shared test helpers: run a binary as a user would; small real datasets."""
 
+import concurrent.futures
 import gzip
 import os
 import shutil
@@ -47,6 +48,15 @@ def run_binary(name, *args, timeout=600, env=None, check=False):
         f"bin/{name}.py {' '.join(map(str, args))} exited {result.returncode}:\n"
         f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
   return result
+
+
+def run_binaries(name, runs, workers, env=None):
+  """{key: `run_binary(NAME, *args)`} for each key: args of RUNS, WORKERS
+  processes at a time (each mostly waits for TensorFlow's import)."""
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    futures = {key: pool.submit(run_binary, name, *args, env=env)
+               for key, args in runs.items()}
+    return {key: future.result() for key, future in futures.items()}
 
 
 class SharedRoot:
