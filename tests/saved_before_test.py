@@ -104,6 +104,11 @@ class SavedRunTest(testing.SharedRootTestCase):
     # session is a start at step 20, and no step at or below 20 was logged.
     records = metrics.read(model_dir)
     self.assertEqual((records[0]["step"], records[0].get("start")), (20, True))
+    # config.json's history holds the one change made, not the fields this
+    # version added since (they take their defaults, as the old run did).
+    with open(os.path.join(model_dir, "config.json")) as f:
+      self.assertEqual(json.load(f)["history"],
+                       [{"step": 20, "changed": {"train_steps": [20, 30]}}])
     self.assertTrue(all(r["step"] > 20 for r in records[1:]))
 
 

@@ -94,7 +94,10 @@ def record(model_dir, description, step):
   if exists(model_dir):
     stored = read(model_dir)
     history = list(stored.get("history", []))
-    old, new = stored.get("config", {}), description["config"]
+    # Read through Config, so that a field a newer version added (with its
+    # default) is not taken for a change.
+    old = configs.to_dict(_config(model_dir, stored))
+    new = description["config"]
     changed = {name: [old.get(name), value] for name, value in new.items()
                if old.get(name) != value}
     if changed:
