@@ -111,15 +111,16 @@ def _build_model(name, stream, **options):
   if opts["norm"]:
     x = keras.layers.BatchNormalization(name="final_bn")(x)
     x = keras.layers.ReLU(name="final_relu")(x)
-  x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
   # Under a mixed-precision policy (e.g. keras.mixed_precision
-  # .set_global_policy("mixed_bfloat16")) the head computes in the variable
-  # dtype, float32: logits, loss and the float32 weight-decay term then add up
-  # without casts, and the softmax is not taken in bfloat16. A no-op
-  # otherwise.
+  # .set_global_policy("mixed_bfloat16")) the head -- the pooling and the
+  # projection -- computes in the variable dtype, float32: a float32 residual
+  # stream reaches the logits unrounded, logits, loss and the float32
+  # weight-decay term add up without casts, and the softmax is not taken in
+  # bfloat16. A no-op otherwise.
   policy = keras.config.dtype_policy()
   head_dtype = (policy.variable_dtype
                 if policy.compute_dtype != policy.variable_dtype else None)
+  x = keras.layers.GlobalAveragePooling2D(dtype=head_dtype, name="pool")(x)
   logits = layers.RandomProjection(
       opts["classes"], seed=seed, trainable=opts["head"] == "trainable",
       scale=opts["projection_scale"], dtype=head_dtype, name="projection")(x)

@@ -83,7 +83,9 @@ class PolicyTest(absltest.TestCase):
       for layer in convolutions:
         self.assertEqual(layer.compute_dtype, compute, layer.name)
         self.assertEqual(layer.variable_dtype, "float32", layer.name)
-      self.assertEqual(model.get_layer("projection").compute_dtype, "float32")
+      # The head -- pooling and projection -- computes in float32.
+      for name in ("pool", "projection"):
+        self.assertEqual(model.get_layer(name).compute_dtype, "float32")
       logits = model(np.zeros((2, 32, 32, 3), np.float32))
       self.assertEqual(logits.dtype, "float32")
       # The global policy is untouched.

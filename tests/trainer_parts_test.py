@@ -1,9 +1,11 @@
 """The parts of the training loop that a whole training cannot reach
-cheaply: the parameter-server merge of the step's outputs and the save that
-fails half-way (a full disk)."""
+cheaply: the parameter-server merge of the step's outputs, a progress
+line's speed around an evaluation, and the save that fails half-way (a full
+disk)."""
 
 import errno
 import os
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -11,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf.training import checkpoints
+from identity_tf.training import diagnostics
 from identity_tf.training import trainer
 
 
@@ -48,6 +51,28 @@ class MergeOutputsTest(absltest.TestCase):
     np.testing.assert_array_equal(merged["first_nonfinite"], [12, 1])
     # A NaN peak stays NaN: the progress line shows it.
     self.assertTrue(np.isnan(merged["peaks"][2]))
+
+
+class WindowTest(absltest.TestCase):
+  """A progress line's speed and ETA count the time spent in steps, not an
+  evaluation or a checkpoint between two lines."""
+
+  def test_speed_is_images_over_step_time_whatever_came_between(self):
+    window = diagnostics.Window(["stage1"])
+    # 69 steps of 128 images in 20.7 s, then an evaluation (whatever it
+    # takes), then 31 steps in 9.3 s: 12 800 images in 30 s.
+    window.add(_output([69.0, 60, 69 * 128], [1.0, 0.1, 2.0]), 20.7)
+    time.sleep(0.2)  # An evaluation: not training time.
+    window.add(_output([31.0, 30, 31 * 128], [1.0, 0.1, 2.0]), 9.3)
+    record = window.record(step=500, train_steps=4500, learning_rate=0.1,
+                           batch_size=128)
+    self.assertAlmostEqual(record["images_per_second"], 12800 / 30.0,
+                           places=1)
+    # 4000 steps left at 100 steps per 30 s: 1200 s.
+    self.assertEqual(record["eta"], "0:20:00")
+    self.assertAlmostEqual(record["loss"], 100 / 12800, places=5)
+    # A new window starts empty.
+    self.assertEqual(window.seconds, 0.0)
 
 
 class FailedSaveTest(absltest.TestCase):

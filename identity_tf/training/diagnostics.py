@@ -12,7 +12,6 @@ before it.
 """
 
 import datetime
-import time
 
 import keras
 import numpy as np
@@ -87,20 +86,25 @@ class Window:
   def reset(self):
     self.sums = np.zeros(3)
     self.peaks = np.full(2 + len(self.watched), -np.inf)
-    self.start = time.time()
+    self.seconds = 0.0
 
-  def add(self, out):
+  def add(self, out, seconds):
+    """Adds the dict of steps that took SECONDS to run (input included)."""
     self.sums += out["sums"]
     self.peaks = np.maximum(self.peaks, out["peaks"])
+    self.seconds += seconds
 
   def record(self, step, train_steps, learning_rate, batch_size):
     """The progress line's JSON object; starts a new window.
 
-    "eta" is the training time left at this window's speed (H:MM:SS;
-    evaluations and checkpoints not counted).
+    "images_per_second" counts the time spent in steps only: an evaluation
+    or a checkpoint inside the window does not slow it, and does not speed
+    it up either (the steps before it are timed too). "eta" is the training
+    time left at that speed (H:MM:SS; evaluations and checkpoints not
+    counted).
     """
     loss, top1 = self.sums[0] / self.sums[2], self.sums[1] / self.sums[2]
-    rate = self.sums[2] / max(time.time() - self.start, 1e-9)
+    rate = self.sums[2] / max(self.seconds, 1e-9)
     left = max(train_steps - step, 0) * batch_size / max(rate, 1e-9)
     rounded = metrics.round_value
     self.last = {

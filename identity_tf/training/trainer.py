@@ -401,13 +401,15 @@ def _loop(trainer, writer, stop, echo):
        f"({config.strategy}); model_dir {run.model_dir}")
   evaluated_at = None
   while step < config.train_steps:
+    started = time.perf_counter()
     out = trainer.run_steps(_next_stop(config, step) - step)
+    seconds = time.perf_counter() - started
     step = trainer.step
     diagnostics.check_finite(out, step, trainer.watched, window,
                              checkpoints.last_written(trainer.manager))
     diagnostics.check_loss_scale(trainer.loss_scale, step,
                                  checkpoints.last_written(trainer.manager))
-    window.add(out)
+    window.add(out, seconds)
     last = step >= config.train_steps
     if step % config.log_steps == 0 or last:
       record = window.record(step, config.train_steps, trainer.learning_rate,
@@ -423,7 +425,6 @@ def _loop(trainer, writer, stop, echo):
         step % config.eval_steps == 0 or last):
       result["eval"], evaluated_at = trainer.evaluate(), step
       writer.evaluation(step, result["eval"])
-      window.start = time.time()  # Images/s counts training only.
   result["step"] = step
   if config.eval_at_end and trainer.chief and evaluated_at != step:
     result["eval"] = trainer.evaluate()
