@@ -1,34 +1,28 @@
 """Benchmarks, side by side: identity_tf against PyTorch and the machine's peak.
 
     bazel run //bin:benchmark -- --suite=train_step [--json=FILE]
-    bazel run //bin:benchmark -- --suite=bf16
-    bazel run //bin:benchmark -- --suite=bf16_identity [--model_dir=DIR]
-    bazel run //bin:benchmark -- --suite=input_pipeline
-    bazel run //bin:benchmark -- --suite=linear   [--plot=linear.png]
-    bazel run //bin:benchmark -- --suite=construct [--plot=construct.png]
+    bazel run //bin:benchmark -- --suite=linear [--plot=linear.png]
 
 train_step: images/s of identity_tf's training step (the one //bin:train
   runs, tf.distribute strategy included) on Table 1's CIFAR network against
   the same network in plain PyTorch, alternating in one process, and the
   step's FLOP/s against the float32 SGEMM peak measured in the same run.
-bf16: the same step in mixed_bfloat16 against float32, its share of the
-  bfloat16 matmul peak, and the accuracy of the smoke preset trained both
-  ways.
+bf16: that step in mixed_bfloat16 against float32, its share of the
+  bfloat16 matmul peak, and the smoke preset's accuracy trained both ways.
 bf16_identity: how much of each residual branch survives x + branch in
   bfloat16, at initialisation or at each checkpoint of --model_dir.
-input_pipeline: the CIFAR training pipeline (augmentation included) against
-  the step's consumption.
+input_pipeline: the training pipeline (augmentation included) against the
+  step's consumption.
 linear / construct: time of the Section 2 and Section 3 code against the
-  number of layers l, the dimension d and the number of points n, with a PNG.
+  number of layers l, the dimension d and the number of points n (--plot).
 
-The human summary (stdout) prints the ratios first; progress goes to stderr;
---json=FILE writes every figure with the load average at which it was taken.
-PyTorch is optional (pip install -r requirements-benchmark.txt); without it
+The summary (stdout) prints the ratios first; progress goes to stderr;
+--json=FILE writes every figure with the load average it was taken at.
+PyTorch is optional (pip install -r requirements-benchmark.txt): without it
 the suites say so and report identity_tf's figures alone. BENCHMARKS.md has
 the measured figures.
 """
 
-import os
 import sys
 
 from absl import app
@@ -36,36 +30,31 @@ from absl import flags
 
 from identity_tf import cli
 from identity_tf import configs
+from identity_tf.bench import suites
 
-SUITES = ("train_step", "bf16", "bf16_identity", "input_pipeline", "linear",
-          "construct")
 FLAGS = flags.FLAGS
 _ABSL_FLAGS = set(FLAGS)  # absl's own; the rest are what the suites read.
 
-flags.DEFINE_enum("suite", None, list(SUITES), "What to measure.")
+flags.DEFINE_enum("suite", None, list(suites.SUITES), "What to measure.")
 flags.DEFINE_string("json", None, "Write every figure to this JSON file.")
-# The training step.
+_STEP = "train_step/bf16/input_pipeline: "  # Then //bin:train's help.
 flags.DEFINE_enum("model", "cifar10", ["cifar10", "cifar100"],
-                  "train_step/bf16/input_pipeline: "
-                  "the network (cifar10 or cifar100: Table 1).")
-flags.DEFINE_float("width", 1.0, "Width multiplier (1.0 = the paper's).")
-flags.DEFINE_integer("units", None, "Residual units per stage (default: "
-                     "Table 1's 9).")
-flags.DEFINE_integer("batch_size", 128, "Global batch size of the step.")
-flags.DEFINE_enum("precision", "float32", list(configs.PRECISIONS),
-                  "train_step: the step's precision (as --precision of "
-                  "//bin:train; bf16 times both).")
-flags.DEFINE_boolean("jit_compile", False, "train_step/bf16: compile the "
-                     "step with XLA (as --jit_compile of //bin:train).")
+                  _STEP + cli.config_help("model") + " Here Table 1's.")
+flags.DEFINE_float("width", 1.0, _STEP + cli.config_help("width"))
+flags.DEFINE_integer("units", None, _STEP + cli.config_help("units")
+                     + " Here one for every stage.")
+flags.DEFINE_integer("batch_size", 128, _STEP + cli.config_help("batch_size"))
+flags.DEFINE_enum("precision", "float32", list(configs.PRECISIONS), "train_step"
+                  " (bf16 times both): " + cli.config_help("precision"))
+flags.DEFINE_boolean("jit_compile", False,
+                     "train_step/bf16: " + cli.config_help("jit_compile"))
 flags.DEFINE_integer("steps", 1, "Training steps per timed repeat.")
 flags.DEFINE_integer("repeats", 5, "Timed repeats of each contender, "
                      "alternating, after one warm-up repeat.")
 flags.DEFINE_enum("strategy", "default",
                   ["default", "mirrored", "multi_worker_mirrored", "tpu"],
-                  "identity_tf's tf.distribute "
-                  "strategy for the step (as --strategy of //bin:train).")
-flags.DEFINE_string("tpu", None, "--strategy=tpu: TPU name or grpc:// "
-                    "address (default: the local TPU).")
+                  _STEP + cli.config_help("strategy") + " Here synchronous.")
+cli.define_tpu()
 flags.DEFINE_list("torch_memory_formats", ["contiguous", "channels_last"],
                   "PyTorch layouts to time: contiguous (NCHW) and/or "
                   "channels_last (NHWC); the best one is the reference.")
@@ -83,8 +72,8 @@ flags.DEFINE_integer("loop_steps", 40, "bf16: steps of //bin:train's loop "
 flags.DEFINE_integer("smoke_steps", 500, "bf16: steps of the smoke-preset "
                      "runs whose accuracy is compared (0: skip them).")
 # Input pipeline.
-flags.DEFINE_string("dataset", "synthetic", "input_pipeline: synthetic, "
-                    "cifar10 or cifar100 (prepared in --data_dir).")
+cli.define_dataset("synthetic", "input_pipeline: the one read (synthetic, "
+                   "cifar10 or cifar100), prepared in --data_dir.")
 cli.define_data_dir()
 cli.define_model_dir("bf16_identity: a freshly initialised --model; given, "
                      "every checkpoint of that run.")
@@ -93,9 +82,8 @@ flags.DEFINE_integer("batches", 100, "input_pipeline: batches per timed "
 # Theory.
 flags.DEFINE_list("layers", ["100", "200", "400", "800", "1600"],
                   "linear: values of l (at --d).")
-flags.DEFINE_list("dims", ["32", "64", "128", "256"],
-                  "linear: values of d (at --l); construct: values of d (at "
-                  "--n).")
+flags.DEFINE_list("dims", ["32", "64", "128", "256"], "linear: values of d (at "
+                  "--l); construct: values of d (at --n).")
 flags.DEFINE_integer("d", 64, "linear: d while l varies; construct: d while "
                      "n varies.")
 flags.DEFINE_integer("l", 100, "linear: l while d varies.")
@@ -104,17 +92,11 @@ flags.DEFINE_list("points", ["1000", "2000", "4000", "8000", "16000"],
 flags.DEFINE_integer("n", 4000, "construct: n while d varies.")
 flags.DEFINE_string("plot", None, "linear/construct: the PNG of time against "
                     "size (default: benchmark_<suite>.png; '' for none).")
-
-
-for _name in ("batch_size", "steps", "repeats", "sgemm_size", "sgemm_repeats",
-              "batches"):
-  flags.register_validator(_name, lambda value: value >= 1,
-                           message=f"--{_name} must be >= 1")
+cli.check_at_least(1, "batch_size", "steps", "repeats", "sgemm_size",
+                   "sgemm_repeats", "batches")
+cli.check_at_least(0, "smoke_steps", "loop_steps")
 flags.register_validator("width", lambda value: value > 0,
                          message="--width must be positive")
-for _name in ("smoke_steps", "loop_steps"):
-  flags.register_validator(_name, lambda value: value >= 0,
-                           message=f"--{_name} must be >= 0")
 flags.register_validator(
     "torch_memory_formats",
     lambda value: value and set(value) <= {"contiguous", "channels_last"},
@@ -126,13 +108,8 @@ _OWN = set(FLAGS) - _ABSL_FLAGS
 def main(argv):
   cli.begin(argv, "--suite=train_step")
   from identity_tf.bench import report  # pylint: disable=g-import-not-at-top
-  try:
-    options = report.options_from_flags(
-        {name: FLAGS[name].value for name in FLAGS if name in _OWN})
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    report.benchmark_command(options, sys.argv[1:])
-  except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
+  with cli.errors_as_exit():
+    report.benchmark_command({n: FLAGS[n].value for n in _OWN}, sys.argv[1:])
 
 
 def run():

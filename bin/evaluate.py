@@ -14,7 +14,6 @@ MODEL_DIR/metrics.jsonl. Logs go to stderr.
 """
 
 import json
-import sys
 
 from absl import app
 from absl import flags
@@ -26,13 +25,12 @@ FLAGS = flags.FLAGS
 cli.define_model_dir(required=True)
 cli.define_data_dir()
 cli.define_checkpoint()
-flags.DEFINE_string("dataset", None,
-                    "Dataset to evaluate on (default: the run's).")
-flags.DEFINE_integer("batch_size", 500, "Evaluation batch size.",
+cli.define_dataset(use="The one to evaluate on (default: the run's); "
+                   "another needs the run's classes.")
+flags.DEFINE_integer("batch_size", 500, cli.config_help("eval_batch_size"),
                      lower_bound=1)
 flags.DEFINE_integer("num_examples", None,
-                     "Evaluate on the first N examples only (default: all).",
-                     lower_bound=1)
+                     cli.config_help("num_eval_examples"), lower_bound=1)
 flags.DEFINE_boolean("watch", False,
                      "Evaluate every new checkpoint as it appears.")
 flags.DEFINE_float("watch_timeout", 600.0,
@@ -63,7 +61,7 @@ def main(argv):
         watch_timeout=FLAGS.watch_timeout, watch_interval=FLAGS.watch_interval,
         emit=lambda scores: print(json.dumps(scores, sort_keys=True),
                                   flush=True),
-        note=lambda line: print(line, file=sys.stderr))
+        note=cli.print_stderr)
 
 
 def run():

@@ -11,9 +11,7 @@ with `tensorflow_model_server --model_base_path=EXPORT_DIR`; see
 docs/serving.md.
 """
 
-import json
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -39,31 +37,16 @@ flags.mark_flag_as_required("export_dir")
 
 def main(argv):
   cli.begin(argv, "--export_dir=BASE")
-  model_dir = cli.path(FLAGS.model_dir)
-  export_dir = cli.path(FLAGS.export_dir)
   checkpoint = FLAGS.checkpoint
   if checkpoint and not checkpoint.isdigit() and os.sep in checkpoint:
     checkpoint = cli.resolve_path(checkpoint)
   # Imported here so that --help and flag errors do not wait for TensorFlow.
   from identity_tf.serving import export  # pylint: disable=g-import-not-at-top
   with cli.errors_as_exit():
-    version, path, info = export.export_run(
-        model_dir, export_dir, checkpoint=checkpoint, version=FLAGS.version,
-        overwrite=FLAGS.overwrite,
-        echo=lambda line: print(f"note: {line}; skipped", file=sys.stderr))
-
-  print(f"exported step {info['step']} of {model_dir} as version {version}: "
-        f"{path}")
-  print(json.dumps({"classes": info["classes"]["count"],
-                    "input": info["input"], "preset": info["preset"]}))
-  stale = export.stale_temporary_dirs(export_dir)
-  if stale:
-    print(f"note: {len(stale)} unfinished export(s) left by killed runs "
-          f"(ignored by TF Serving; safe to delete): {', '.join(stale)}")
-  name = os.path.basename(os.path.normpath(export_dir))
-  print(f"serve:   tensorflow_model_server --port=8500 --rest_api_port=8501 "
-        f"--model_name={name} --model_base_path={export_dir}")
-  print(f"inspect: saved_model_cli show --dir {path} --all")
+    export.export_command(
+        cli.path(FLAGS.model_dir), cli.path(FLAGS.export_dir),
+        checkpoint=checkpoint, version=FLAGS.version,
+        overwrite=FLAGS.overwrite)
 
 
 def run():

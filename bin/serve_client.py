@@ -31,9 +31,9 @@ flags.DEFINE_enum("protocol", "rest", ["rest", "grpc"],
                   "rest: POST /v1/models/NAME:predict JSON; grpc: "
                   "PredictionService/Predict.")
 flags.DEFINE_enum("signature", None, list(contract.SIGNATURES),
-                    f"One of {', '.join(contract.SIGNATURES)}. Default: "
-                    f"{contract.IMAGES_SIGNATURE} for image files, "
-                    f"{contract.DEFAULT_SIGNATURE} for .npy arrays.")
+                  f"One of {', '.join(contract.SIGNATURES)}. Default: "
+                  f"{contract.IMAGES_SIGNATURE} for image files, "
+                  f"{contract.DEFAULT_SIGNATURE} for .npy arrays.")
 flags.DEFINE_integer("model_version", None,
                      "Ask for this version. Default: the server's choice "
                      "(the latest).")
@@ -49,28 +49,16 @@ flags.mark_flag_as_required("model_name")
 def main(argv):
   cli.stop_on_signals()
   cli.check_finite_flags()
-  input_paths = argv[1:]
-  if not input_paths:
+  if len(argv) < 2:
     raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "
                      "arrays after the flags")
   # The client loads TensorFlow (its protos); --help and bad flags do not.
   from identity_tf.serving import client  # pylint: disable=g-import-not-at-top
-  try:
-    inputs = [client.read_input(cli.resolve_path(path),
-                                        display_name=path)
-              for path in input_paths]
-    names = (client.read_class_names(
-        cli.resolve_path(FLAGS.model_info))
-             if FLAGS.model_info else None)
-    results = client.predict(
-        FLAGS.server, FLAGS.model_name, inputs, protocol=FLAGS.protocol,
+  with cli.errors_as_exit():  # client.ServingError is a ValueError.
+    client.predict_command(
+        FLAGS.server, FLAGS.model_name, argv[1:], protocol=FLAGS.protocol,
         signature=FLAGS.signature, version=FLAGS.model_version,
-        timeout=FLAGS.timeout)
-  except client.ServingError as e:
-    raise SystemExit(f"error: {e}") from None
-  for name, probabilities in results:
-    print(client.format_prediction(name, probabilities, FLAGS.top_k,
-                                           names))
+        timeout=FLAGS.timeout, top_k=FLAGS.top_k, model_info=FLAGS.model_info)
 
 
 def run():

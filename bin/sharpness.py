@@ -13,7 +13,6 @@ the sharpest direction. Progress goes to stderr.
 """
 
 import json
-import sys
 
 from absl import app
 from absl import flags
@@ -43,7 +42,7 @@ def main(argv):
         data_dir=cli.path(FLAGS.data_dir), num_examples=FLAGS.num_examples,
         iterations=FLAGS.iterations,
         emit=lambda values: print(json.dumps(values), flush=True),
-        log=lambda line: print(line, file=sys.stderr, flush=True))
+        log=cli.print_stderr)
 
 
 def run():

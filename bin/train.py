@@ -27,9 +27,7 @@ flags.DEFINE_string(
 cli.define_model_dir(default="runs/<preset> under the directory you run "
                      "from. Re-running with the same directory resumes.")
 cli.define_data_dir()
-flags.DEFINE_string("tpu", None,
-                    "--strategy=tpu: TPU name or grpc:// address (default: "
-                    "the local TPU).")
+cli.define_tpu()
 flags.DEFINE_float("cluster_timeout", 600.0,
                    "multi_worker_mirrored: seconds the workers of TF_CONFIG "
                    "may take to join before the run stops.", lower_bound=1.0)

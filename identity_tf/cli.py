@@ -5,6 +5,7 @@ are checked."""
 
 import contextlib
 import dataclasses
+import logging as python_logging
 import math
 import os
 import signal
@@ -12,6 +13,8 @@ import sys
 
 from absl import flags
 from absl import logging
+
+from identity_tf import configs
 
 
 def begin(argv, example="--help"):
@@ -25,6 +28,9 @@ def begin(argv, example="--help"):
   stop_on_signals()
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+    # Keras imports Matplotlib, which warns twice when it cannot write a
+    # cache under HOME (a read-only or missing home): nothing a run needs.
+    python_logging.getLogger("matplotlib").setLevel(python_logging.ERROR)
   check_finite_flags()
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
@@ -72,8 +78,27 @@ def errors_as_exit():
     raise SystemExit(f"error: {e}") from None
 
 
+def print_stderr(line):
+  """LINE on stderr at once: a binary's progress and notes (its results go
+  to stdout, where a program may read them)."""
+  print(line, file=sys.stderr, flush=True)
+
+
+def exit_with(line, status):
+  """LINE on stderr, then exit with STATUS (e.g. 143 after SIGTERM)."""
+  print_stderr(line)
+  sys.exit(status)
+
+
 # ---------------------------------------------------------------------------
 # The flags several binaries take, each defined (and explained) here once.
+
+def config_help(name):
+  """The help text of `configs.Config` field NAME: what //bin:train's flag
+  of that name says, for another binary's flag of the same meaning."""
+  (field,) = [f for f in dataclasses.fields(configs.Config) if f.name == name]
+  return field.metadata["help"]
+
 
 def define_model_dir(default=None, required=False):
   """--model_dir; DEFAULT says what the binary does when it is not given."""
@@ -94,6 +119,22 @@ def define_data_dir():
       "TFDS data directory (default: TFDS's, ~/tensorflow_datasets or "
       "$TFDS_DATA_DIR); //bin:prepare_data prepares datasets there. Nothing "
       "is downloaded but by //bin:prepare_data.")
+
+
+def define_dataset(default=None, use="", required=False):
+  """--dataset: `configs.Config.dataset`'s help, then USE: what this binary
+  does with it (and, for DEFAULT None, what not giving it means)."""
+  holder = flags.DEFINE_string("dataset", default,
+                               f"{config_help('dataset')} {use}".strip())
+  if required:
+    flags.mark_flag_as_required("dataset")
+  return holder
+
+
+def define_tpu():
+  """--tpu, for --strategy=tpu."""
+  return flags.DEFINE_string("tpu", None, "--strategy=tpu: TPU name or "
+                             "grpc:// address (default: the local TPU).")
 
 
 def define_checkpoint():
@@ -122,6 +163,14 @@ def define_config_flags(config_class, exclude=("preset",)):
       flags.DEFINE_float(field.name, None, text)
     else:
       flags.DEFINE_string(field.name, None, text)
+
+
+def check_at_least(minimum, *names):
+  """Refuses a value below MINIMUM of each flag of NAMES with absl's one
+  line, worded "--NAME must be >= MINIMUM"."""
+  for name in names:
+    flags.register_validator(name, lambda value: value >= minimum,
+                             message=f"--{name} must be >= {minimum}")
 
 
 def config_overrides(config_class, exclude=("preset",)):

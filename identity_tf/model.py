@@ -164,3 +164,43 @@ def sublayers(layer):
   """The layers LAYER holds as attributes (a unit's convolutions, ...)."""
   return [value for value in vars(layer).values()
           if isinstance(value, keras.layers.Layer)]
+
+
+def _layer_options(layer):
+  """The options that change what LAYER computes, as short text."""
+  if isinstance(layer, layers.ConvResidualUnit):
+    return f"residual={layer.residual}"
+  if isinstance(layer, layers.RandomProjection):
+    return (f"scale={layer.scale}, "
+            f"{'trained' if layer.trainable else 'frozen'}")
+  return ""
+
+
+def layer_table(model):
+  """MODEL's layers as plain-text lines (they survive pipes and logs): one
+  row per layer and per layer inside a residual unit -- type, output shape,
+  trainable and non-trainable weights, the options that change what it
+  computes -- then the totals of `describe`."""
+  def count(weights):
+    return f"{sum(math.prod(w.shape) for w in weights):,}"
+  row = "{:<30} {:<22} {:<16} {:>12} {:>14}  {}"
+  rule = "-" * 120
+  lines = [row.format("layer", "type", "output shape", "trainable",
+                      "non-trainable", "options"), rule]
+  for layer in model.layers[1:]:
+    shape = "x".join(str(n) for n in layer.output.shape[1:])
+    lines.append(row.format(layer.name, type(layer).__name__, shape,
+                            count(layer.trainable_weights),
+                            count(layer.non_trainable_weights),
+                            _layer_options(layer)))
+    lines += [row.format("  " + sub.name, type(sub).__name__, "",
+                         count(sub.trainable_weights),
+                         count(sub.non_trainable_weights), "")
+              for sub in sublayers(layer)]
+  totals = describe(model)
+  return lines + [
+      rule,
+      f"Convolutions:          {totals['convolutions']:>12,}",
+      f"Trainable weights:     {totals['trainable_weights']:>12,}",
+      f"Non-trainable weights: {totals['non_trainable_weights']:>12,}"
+      "  (frozen projection, batch-norm statistics)"]

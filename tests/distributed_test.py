@@ -279,6 +279,42 @@ class DistributedTest(testing.ProcessTestCase):
         self.assertLessEqual(np.linalg.norm(two[name] - one[name]),
                              25 * unit * moved + 1e-6, f"{precision} {name}")
 
+  def test_mirrored_float16_skips_a_step_only_one_replica_overflowed(self):
+    # Replica 1's images are 1000 times larger: its loss-scaled float16
+    # gradient overflows while its activations (RMS taken in float32) and
+    # replica 0's gradient stay finite. The whole step must be skipped --
+    # weights untouched, scale halved -- not applied with replica 1's
+    # 0 * inf = NaN (the clip factor of an infinite norm is 0), and not
+    # reported as a divergence.
+    config = configs.override(configs.resolve(
+        "smoke", width=0.0625, units="1", batch_size=16,
+        precision="mixed_float16", grad_clip_norm=1.0,
+        lr_schedule="constant"), strategy="mirrored")
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset),
+                          self.create_tempdir().full_path, replicas=2)
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 8).astype(np.int32)
+
+    def dataset_fn(_):
+      # One per-replica batch per element: replica 0 takes the first.
+      return tf.data.Dataset.from_tensor_slices(
+          (np.stack([images, 1000 * images]), np.stack([labels, labels]))
+      ).repeat()
+
+    replicas = trainer.Trainer(run, mirrored, dataset_fn=dataset_fn)
+    replicas.restore(None)
+    before = [v.numpy() for v in replicas.model.trainable_variables]
+    scale = replicas.loss_scale
+    out = replicas.run_steps(1)
+    self.assertEqual(replicas.step, 0)
+    self.assertEqual(replicas.loss_scale, scale / 2)
+    for b, v in zip(before, replicas.model.trainable_variables):
+      np.testing.assert_array_equal(v.numpy(), b)
+    np.testing.assert_array_equal(out["first_nonfinite"], [-1, -1])
+    self.assertTrue(np.isfinite(out["peaks"]).all())
+
   def test_parameter_server_trains_and_checkpoints(self):
     model_dir = self.create_tempdir().full_path
     chief, ps, worker0, worker1 = _free_ports(4)
@@ -306,7 +342,7 @@ def _weights_at_init():
   """The tiny network's initial weights, named as in the checkpoints."""
   config = configs.resolve("smoke", width=0.0625, units="1")
   info = tfds_data.dataset_info("synthetic")
-  model = trainer.build_model(run_lib.resolve(config, info, None))
+  model = checkpoints.build_model(run_lib.resolve(config, info, None))
   optimizer = trainer.build_optimizer(run_lib.resolve(config, info, None))
   optimizer.build(model.trainable_variables)
   root = os.path.join(absltest.get_default_test_tmpdir(), "init")

@@ -47,9 +47,9 @@ MODEL_NAME = "smoke"
 # the order of floating-point reductions may differ.
 PROBABILITY_TOLERANCE = 1e-5
 
-def _describe(config, info):
-  """config.json's content for CONFIG on dataset INFO."""
-  return run_lib.resolve(config, info, None).description()
+def _run(config, info):
+  """The `run.Run` of CONFIG on dataset INFO."""
+  return run_lib.resolve(config, info, None)
 
 
 
@@ -92,13 +92,13 @@ class ExportTest(absltest.TestCase):
     trainer.train(config, cls.model_dir, echo=lambda line: None)
     cls.export_result = testing.run_binary(
         "export", f"--model_dir={cls.model_dir}", f"--export_dir={cls.base}")
-    cls.model, run, cls.step = checkpoints.restore_model(cls.model_dir)
-    cls.description = run.description()
+    cls.model, cls.trained_run, cls.step = checkpoints.restore_model(
+        cls.model_dir)
     # Held-out images of the dataset the model was trained on.
     images, _ = synthetic.arrays("test")
     cls.pixels = images[:6].astype(np.float32)
     logits = cls.model(preprocessing.preprocess_for_eval(
-        cls.pixels, cls.description["preprocessing"]), training=False)
+        cls.pixels, cls.trained_run.preprocessing), training=False)
     cls.keras_probabilities = tf.nn.softmax(logits).numpy()
     cls.keras_classes = np.argmax(cls.keras_probabilities, axis=-1)
     cls.double = None
@@ -165,7 +165,7 @@ class ExportTest(absltest.TestCase):
     self.assertEqual(info["input"]["image_size"], 32)
     self.assertEqual(info["model"]["name"], "cifar10")
     self.assertEqual(info["preprocessing"],
-                     self.description["preprocessing"])
+                     self.trained_run.preprocessing)
     self.assertEqual(info["checkpoint"],
                      checkpoints.find_checkpoint(self.model_dir))
 
@@ -237,36 +237,34 @@ class ExportTest(absltest.TestCase):
                                        ("cifar100", "cifar100", 100),
                                        ("synthetic", "cifar10", 10)):
       dataset_info = tfds_data.dataset_info(dataset)
-      description = _describe(configs.resolve(
+      run = _run(configs.resolve(
           "smoke", model=model_name, dataset=dataset), dataset_info)
-      info = export.model_info(description, 7, version=3)
+      info = export.model_info(run, 7, version=3)
       self.assertEqual(info["classes"]["count"], count)
       self.assertEqual(info["classes"]["names"],
                        list(dataset_info.class_names))
       self.assertLen(set(info["classes"]["names"]), count)
       self.assertEqual(info["preset"], "smoke")
       self.assertEqual(info["step"], 7)
-    imagenet = _describe(
+    imagenet = _run(
         configs.resolve("smoke", model="imagenet", dataset="imagenet2012"),
-        tfds_data.dataset_info("imagenet2012"))["dataset"]["class_names"]
+        tfds_data.dataset_info("imagenet2012")).dataset.class_names
     self.assertLen(set(imagenet), 1000)
     self.assertTrue(all(re.fullmatch(r"n\d{8}", n) for n in imagenet))
-    # A description whose dataset does not match the model is refused.
-    description = _describe(configs.resolve(
-        "smoke", model="cifar100", dataset="cifar100"),
-                                     tfds_data.dataset_info("cifar100"))
+    # A run whose dataset does not match the model is refused.
+    run = _run(configs.resolve("smoke", model="cifar100", dataset="cifar100"),
+               tfds_data.dataset_info("cifar100"))
     with self.assertRaisesRegex(ValueError, "10 classes but cifar100 has 100"):
-      export.export_model(self.model, description, 1,
+      export.export_model(self.model, run, 1,
                           self.create_tempdir().full_path)
 
   def test_imagenet_export_resizes_any_size_inside_the_graph(self):
     model = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
-    description = _describe(configs.resolve(
+    run = _run(configs.resolve(
         "smoke", model="imagenet", dataset="imagenet2012", width=1 / 16,
-        units=(1, 1, 1, 1), seed=3), tfds_data.dataset_info(
-            "imagenet2012"))
+        units=(1, 1, 1, 1), seed=3), tfds_data.dataset_info("imagenet2012"))
     base = self.create_tempdir().full_path
-    version, path = export.export_model(model, description, 5, base)
+    version, path = export.export_model(model, run, 5, base)
     self.assertEqual(version, 1)
     with open(os.path.join(path, export.MODEL_INFO_FILE)) as f:
       info = json.load(f)
@@ -280,7 +278,7 @@ class ExportTest(absltest.TestCase):
     wide = rng.integers(0, 256, (2, 150, 260, 3)).astype(np.float32)
     outputs = loaded.signatures["serving_default"](images=tf.constant(wide))
     expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
-        wide, description["preprocessing"]))).numpy()
+        wide, run.preprocessing))).numpy()
     self.assertEqual(outputs["probabilities"].shape, (2, 1000))
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,
                                atol=PROBABILITY_TOLERANCE)
@@ -290,7 +288,7 @@ class ExportTest(absltest.TestCase):
     outputs = loaded.signatures["predict_images"](images=files)
     expected = tf.nn.softmax(model(tf.concat([
         preprocessing.preprocess_for_eval(x[np.newaxis],
-                                           description["preprocessing"])
+                                           run.preprocessing)
         for x in (wide[0], tall)], 0))).numpy()
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,
                                atol=PROBABILITY_TOLERANCE)
@@ -302,13 +300,15 @@ class ExportTest(absltest.TestCase):
     base = self.create_tempdir().full_path
     os.mkdir(os.path.join(base, "notes"))  # Not a version: ignored.
     shutil.copytree(os.path.join(self.base, "1"), os.path.join(base, "1"))
-    second, path = export.export_model(self.model, self.description, 40, base)
+    second, path = export.export_model(self.model, self.trained_run, 40,
+                                       base)
     self.assertEqual(second, 2)
     self.assertEqual(export.existing_versions(base), [1, 2])
     with self.assertRaisesRegex(ValueError,
                                 "version 2 already exists.*--overwrite"):
-      export.export_model(self.model, self.description, 40, base, version=2)
-    export.export_model(self.model, self.description, 41, base, version=2,
+      export.export_model(self.model, self.trained_run, 40, base,
+                          version=2)
+    export.export_model(self.model, self.trained_run, 41, base, version=2,
                         overwrite=True)
     with open(os.path.join(path, export.MODEL_INFO_FILE)) as f:
       self.assertEqual(json.load(f)["step"], 41)
@@ -337,7 +337,7 @@ class ExportTest(absltest.TestCase):
 
     with mock.patch.object(export.ServingModule, "save", save_then_fail):
       with self.assertRaises(KeyboardInterrupt):
-        export.export_model(self.model, self.description, 40, base)
+        export.export_model(self.model, self.trained_run, 40, base)
     self.assertEqual(os.listdir(base), [])
 
   def test_killed_export_leaves_no_visible_version(self):

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from identity_tf import configs
 from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
 from identity_tf.training import optimization
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
@@ -124,7 +125,7 @@ class ReplicasTest(absltest.TestCase):
     labels = rng.integers(0, 10, 8).astype(np.int32)
     keras.utils.set_random_seed(0)
     with strategy.scope():
-      model = trainer.build_model(run_lib.resolve(config, info, None))
+      model = checkpoints.build_model(run_lib.resolve(config, info, None))
       optimizer = trainer.build_optimizer(run_lib.resolve(config, info, None))
       optimizer.build(model.trainable_variables)
 

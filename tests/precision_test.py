@@ -16,7 +16,9 @@ from identity_tf.bench import rounding
 from identity_tf.data import preprocessing
 from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
+from identity_tf.serving import export as export_lib
 from identity_tf.training import checkpoints
+from identity_tf.training import distribute
 from identity_tf.training import run as run_lib
 from identity_tf.training import trainer as trainer_lib
 import testing
@@ -29,9 +31,11 @@ BF16_PROBABILITY_TOLERANCE = 2e-2
 
 def _tiny_config(**overrides):
   return dataclasses.replace(
-      configs.PRESETS["smoke"], batch_size=16, width=0.125, units=(1,),
-      grad_clip_norm=1.0, weight_decay=1e-4, learning_rate=0.05,
-      lr_schedule="constant", **overrides)
+      configs.PRESETS["smoke"], **{
+          **dict(batch_size=16, width=0.125, units=(1,), grad_clip_norm=1.0,
+                 weight_decay=1e-4, learning_rate=0.05,
+                 lr_schedule="constant"),
+          **overrides})
 
 
 def _trainer(config, model_dir, images, labels):
@@ -54,9 +58,29 @@ def _batch(n=16, seed=0):
           rng.integers(0, 10, n).astype(np.int32))
 
 
+def _agc_factors(grads, weights, agc_clip, epsilon=1e-3):
+  """Adaptive gradient clipping (Brock et al., 2021, eq. 3), per unit -- an
+  output channel, the last axis of a kernel; each entry of a vector --:
+  min(1, lambda * max(||W_i||, eps) / ||G_i||), in NumPy."""
+  def unit_norms(x):
+    if x.ndim <= 1:
+      return np.abs(x)
+    return np.sqrt(np.sum(x * x, axis=tuple(range(x.ndim - 1)),
+                          keepdims=True))
+  factors = []
+  for g, w in zip(grads, weights):
+    limit = agc_clip * np.maximum(unit_norms(w), epsilon)
+    norm = unit_norms(g)
+    factors.append(np.where(norm > limit, limit / np.maximum(norm, 1e-30),
+                            1.0))
+  return factors
+
+
 def _clipped_sgd_update(model, images, labels, config):
   """One step of SGD with momentum from zero slots, in float64 NumPy from a
-  float32 tape: the update -lr * clip(g) that //bin:train should apply."""
+  float32 tape: the update -lr * clip(g) that //bin:train should apply, and
+  whether the clipping changed the gradient (else the test proves nothing).
+  """
   with tf.GradientTape() as tape:
     logits = model(images, training=True)
     loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
@@ -66,9 +90,17 @@ def _clipped_sgd_update(model, images, labels, config):
         if len(v.shape) == 4])
   grads = [g.numpy().astype(np.float64)
            for g in tape.gradient(loss, model.trainable_variables)]
-  norm = np.sqrt(sum(np.sum(g * g) for g in grads))
-  factor = min(1.0, config.grad_clip_norm / norm)
-  return [-config.learning_rate * factor * g for g in grads]
+  clipped = False
+  if config.agc_clip:
+    factors = _agc_factors(grads, [v.numpy().astype(np.float64) for v in
+                                   model.trainable_variables], config.agc_clip)
+    clipped = any(np.any(f < 1) for f in factors)
+    grads = [f * g for f, g in zip(factors, grads)]
+  if config.grad_clip_norm:
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+    clipped = clipped or norm > config.grad_clip_norm
+    grads = [min(1.0, config.grad_clip_norm / norm) * g for g in grads]
+  return [-config.learning_rate * g for g in grads], clipped
 
 
 class PolicyTest(absltest.TestCase):
@@ -176,9 +208,10 @@ class IdentityInBfloat16Test(absltest.TestCase):
 
 class StepTest(absltest.TestCase):
 
-  def _first_update(self, precision, jit_compile=False):
+  def _first_update(self, precision, jit_compile=False, **overrides):
     images, labels = _batch()
-    config = _tiny_config(precision=precision, jit_compile=jit_compile)
+    config = _tiny_config(precision=precision, jit_compile=jit_compile,
+                          **overrides)
     trainer = _trainer(config, self.create_tempdir().full_path, images,
                        labels)
     exact = model_lib.build_model(trainer.run.model_name, precision="float32",
@@ -186,7 +219,8 @@ class StepTest(absltest.TestCase):
     exact.set_weights(trainer.model.get_weights())
     before = [v.numpy() for v in trainer.model.trainable_variables]
     self.weights = before
-    expected = _clipped_sgd_update(exact, images, labels, config)
+    expected, self.clipped = _clipped_sgd_update(exact, images, labels,
+                                                 config)
     out = trainer.run_steps(1)
     after = [v.numpy() for v in trainer.model.trainable_variables]
     return trainer, out, [a - b for a, b in zip(after, before)], expected
@@ -208,7 +242,11 @@ class StepTest(absltest.TestCase):
                                  atol=relative * np.max(np.abs(e)) + rounding)
 
   def test_float16_loss_scaling_clips_the_unscaled_gradient(self):
-    trainer, out, update, expected = self._first_update("mixed_float16")
+    # A bound below the tiny network's gradient norm (about 0.02), so that
+    # the clip acts on this step.
+    trainer, out, update, expected = self._first_update(
+        "mixed_float16", grad_clip_norm=0.01)
+    self.assertTrue(self.clipped)
     self.assertEqual(trainer.step, 1)
     self.assertGreater(trainer.loss_scale, 1)
     # The clip applied to the true gradient: were it applied to the scaled
@@ -218,6 +256,16 @@ class StepTest(absltest.TestCase):
     self.assertAlmostEqual(total / want, 1.0, delta=0.02)
     self._assert_update_direction(update, expected, 0.01)
     np.testing.assert_array_equal(out["first_nonfinite"], [-1, -1])
+
+  def test_float16_loss_scaling_applies_agc_to_the_unscaled_gradient(self):
+    # Adaptive gradient clipping compares each unit's gradient with its
+    # weight: on the scaled gradient (32768 times larger) it would clip
+    # every unit to lambda ||W_i|| -- the known trap with loss scaling.
+    trainer, _, update, expected = self._first_update(
+        "mixed_float16", grad_clip_norm=0.0, agc_clip=0.01)
+    self.assertTrue(self.clipped)  # Some unit is clipped, not all.
+    self.assertEqual(trainer.step, 1)
+    self._assert_update_direction(update, expected, 0.01)
 
   def test_a_step_the_loss_scaler_skips_is_not_a_divergence(self):
     images, labels = _batch()
@@ -244,33 +292,77 @@ class StepTest(absltest.TestCase):
     self._assert_updates_close(update, expected, 1e-4)
 
 
+class PrecisionNoteTest(absltest.TestCase):
+  """The 16-bit precisions are for hardware that computes in 16 bits: on
+  any other a run says so once (and trains all the same)."""
+
+  def test_which_machines_get_a_note(self):
+    note = distribute.precision_note
+    cpu = {"CPU"}
+    self.assertIsNone(note("float32", cpu, cpu_flags={"avx2"}))
+    self.assertIn("no bfloat16 instructions",
+                  note("mixed_bfloat16", cpu, cpu_flags={"avx2", "avx512f"}))
+    for flag in ("avx512_bf16", "amx_bf16"):
+      self.assertIsNone(note("mixed_bfloat16", cpu, cpu_flags={flag}))
+    self.assertIn("for GPUs", note("mixed_float16", cpu,
+                                   cpu_flags={"avx512_bf16"}))
+    for accelerator in ("GPU", "TPU"):
+      for precision in ("mixed_bfloat16", "mixed_float16"):
+        self.assertIsNone(note(precision, {"CPU", accelerator},
+                               cpu_flags=set()))
+
+  def test_this_machines_flags_are_read(self):
+    with open("/proc/cpuinfo") as f:
+      flags = set(next(line for line in f if line.startswith("flags"))
+                  .split(":", 1)[1].split())
+    self.assertEqual(distribute.cpu_model_and_flags()[1], flags)
+
+
 class RunTest(testing.SharedRootTestCase):
 
-  def test_export_of_a_bfloat16_run_is_float32_in_and_out(self):
-    model_dir = os.path.join(self.root, "bf16")
-    testing.run_binary("train", "--preset=smoke", f"--model_dir={model_dir}",
-                       "--precision=mixed_bfloat16", "--train_steps=20",
-                       "--checkpoint_steps=20", "--noeval_at_end",
-                       check=True)
-    with open(os.path.join(model_dir, "config.json")) as f:
-      self.assertEqual(json.load(f)["config"]["precision"], "mixed_bfloat16")
-    export_dir = os.path.join(self.root, "exported")
-    testing.run_binary("export", f"--model_dir={model_dir}",
-                       f"--export_dir={export_dir}", check=True)
-    loaded = tf.saved_model.load(os.path.join(export_dir, "1"))
-    signature = loaded.signatures["serving_default"]
-    self.assertEqual(signature.structured_input_signature[1]["images"].dtype,
-                     tf.float32)
+  def test_each_precision_resumes_exactly_and_exports_float32(self):
+    # A run stopped at its checkpoint and resumed ends with the weights of
+    # the uninterrupted run, bit for bit (optimizer, loss scale and input
+    # position are in the checkpoint); its export serves float32 and agrees
+    # with a float32 restore of the same checkpoint.
     images, _ = synthetic.arrays("test")
     pixels = images[:8].astype(np.float32)
-    served = signature(images=tf.constant(pixels))
-    self.assertEqual(served["probabilities"].dtype, tf.float32)
-    # Against the float32 evaluation of the same checkpoint.
-    model, run, _ = checkpoints.restore_model(model_dir, precision="float32")
-    expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
-        pixels, run.preprocessing), training=False)).numpy()
-    np.testing.assert_allclose(served["probabilities"].numpy(), expected,
-                               atol=BF16_PROBABILITY_TOLERANCE)
+    for precision in configs.PRECISIONS:
+      with self.subTest(precision):
+        config = configs.resolve(
+            "smoke", precision=precision, width=0.125, units="1",
+            batch_size=16, train_steps=20, checkpoint_steps=10, log_steps=10,
+            steps_per_loop=5, eval_at_end=False, deterministic=True)
+        whole, parts = (os.path.join(self.root, f"{precision}_{name}")
+                        for name in ("whole", "parts"))
+        trainer_lib.train(config, whole, echo=lambda _: None)
+        trainer_lib.train(configs.override(config, train_steps=10), parts,
+                          echo=lambda _: None)
+        trainer_lib.train(config, parts, echo=lambda _: None)
+        resumed, uninterrupted = (
+            checkpoints.restore_model(d)[0].get_weights()
+            for d in (parts, whole))
+        for a, b in zip(resumed, uninterrupted):
+          np.testing.assert_array_equal(a, b)
+        export_dir = os.path.join(self.root, f"{precision}_export")
+        with open(os.path.join(parts, "config.json")) as f:
+          self.assertEqual(json.load(f)["config"]["precision"], precision)
+        export_lib.export_run(parts, export_dir)
+        with open(os.path.join(export_dir, "1",
+                               export_lib.MODEL_INFO_FILE)) as f:
+          self.assertEqual(json.load(f)["precision"], precision)
+        signature = tf.saved_model.load(
+            os.path.join(export_dir, "1")).signatures["serving_default"]
+        self.assertEqual(
+            signature.structured_input_signature[1]["images"].dtype,
+            tf.float32)
+        served = signature(images=tf.constant(pixels))["probabilities"]
+        self.assertEqual(served.dtype, tf.float32)
+        model, run, _ = checkpoints.restore_model(parts, precision="float32")
+        expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
+            pixels, run.preprocessing), training=False)).numpy()
+        np.testing.assert_allclose(served.numpy(), expected,
+                                   atol=BF16_PROBABILITY_TOLERANCE)
 
   def test_switching_into_float16_on_resume_is_refused(self):
     model_dir = os.path.join(self.root, "switch")

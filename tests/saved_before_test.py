@@ -26,7 +26,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import identity_tf  # Registers the layers under the package name.
+# Importing the layers registers them under the package name for
+# keras.models.load_model (`import identity_tf` alone does not).
+from identity_tf import layers
 from identity_tf.data import preprocessing
 from identity_tf.data import synthetic
 from identity_tf.training import checkpoints
@@ -46,7 +48,7 @@ class SavedNetworkTest(absltest.TestCase):
                                                  "network_5d502b4.keras"))
     with np.load(os.path.join(TESTDATA, "network_5d502b4_io.npz")) as data:
       images, logits = data["images"], data["logits"]
-    self.assertTrue(any(isinstance(layer, identity_tf.ConvResidualUnit)
+    self.assertTrue(any(isinstance(layer, layers.ConvResidualUnit)
                         for layer in model._flatten_layers()))  # pylint: disable=protected-access
     np.testing.assert_allclose(model(images, training=False).numpy(), logits,
                                rtol=1e-5, atol=1e-5)

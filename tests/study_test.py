@@ -29,9 +29,10 @@ TINY_STUDY = configs.Study(
 
 def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None):
   steps = [100 * (i + 1) for i in range(len(top1))]
-  # Reached at the first evaluation at or above the level, 1 s per step.
+  # Reached at the first evaluation at or above the level, 1 s per step
+  # undisturbed, 1.5 s as it ran.
   reached = {str(level): next(
-      ({"step": s, "wall_seconds": None, "estimated_seconds": float(s)}
+      ({"step": s, "wall_seconds": 1.5 * s, "estimated_seconds": float(s)}
        for s, t in zip(steps, top1) if t >= level), None)
              for level in study.TOP1_LEVELS}
   return {"seed": seed, "status": status, "nan_step": nan_step,
@@ -64,10 +65,11 @@ class ReportTest(absltest.TestCase):
     rows = study.markdown_table(MADE_UP).splitlines()
     self.assertLen(rows, 2 + 3)
     # Columns: name, what, seeds, final, best, NaN step, wall time,
-    # images/s, minutes to 85 / 90 / 92 %.
+    # images/s, minutes to 85 / 90 / 92 % as run and undisturbed.
     literal, clip, half = (row.strip("| ").split(" | ") for row in rows[2:])
     self.assertEqual(literal[3:5], ["--", "--"])   # No evaluation before NaN.
-    self.assertEqual(literal[5:], ["160", "0.5 min", "--", "-- / -- / --"])
+    self.assertEqual(literal[5:], ["160", "0.5 min", "--", "-- / -- / --",
+                                   "-- / -- / --"])
     finals = [0.9120, 0.9050, 0.9180]
     self.assertEqual(
         clip[3], f"{100 * statistics.mean(finals):.2f} ± "
@@ -75,11 +77,13 @@ class ReportTest(absltest.TestCase):
     self.assertEqual(clip[5:7], ["none", "2.0 min per seed"])
     self.assertEqual(clip[7], "110")
     # 85 %: steps 200, 200, 100 at 1 s each; 92 %: none reached it.
-    self.assertEqual(clip[8], f"{500 / 3 / 60:.1f} / {200 / 60:.1f} / --")
+    self.assertEqual(clip[8],
+                     f"{1.5 * 500 / 3 / 60:.1f} / {1.5 * 200 / 60:.1f} / --")
+    self.assertEqual(clip[9], f"{500 / 3 / 60:.1f} / {200 / 60:.1f} / --")
     self.assertEqual(half[3], "85.00, --")  # No mean over a missing value.
     self.assertEqual(half[5], "1 unfinished")
     self.assertEqual(half[6], "2.0 min per seed")  # Finished runs only.
-    self.assertEqual(half[8], f"{200 / 60:.1f} (1/2) / -- / --")
+    self.assertEqual(half[9], f"{200 / 60:.1f} (1/2) / -- / --")
 
   def test_report_files(self):
     output_dir = self.create_tempdir().full_path

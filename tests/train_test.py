@@ -321,7 +321,7 @@ class TrainingTest(absltest.TestCase):
     path = tf.train.latest_checkpoint(model_dir)
     saved = _checkpoint_tensors(path)
     # A fresh model and optimizer, restored the way train() restores them.
-    model = trainer.build_model(run_lib.resolve(config, SYNTHETIC, None))
+    model = checkpoints.build_model(run_lib.resolve(config, SYNTHETIC, None))
     optimizer = trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None))
     optimizer.build(model.trainable_variables)
     tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
@@ -386,13 +386,13 @@ class DiagnosticsTest(absltest.TestCase):
     images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
     strategy = tf.distribute.get_strategy()
-    model = trainer.build_model(run_lib.resolve(config, SYNTHETIC, None))
+    model = checkpoints.build_model(run_lib.resolve(config, SYNTHETIC, None))
     optimizer = trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None))
     optimizer.build(model.trainable_variables)
     # The same network and the step's quantities, computed here: the
     # gradient of the mean cross-entropy, plain SGD's update -lr g, the RMS
     # of each stage's last unit's output.
-    twin = trainer.build_model(run_lib.resolve(config, SYNTHETIC, None))
+    twin = checkpoints.build_model(run_lib.resolve(config, SYNTHETIC, None))
     twin.set_weights(model.get_weights())
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(

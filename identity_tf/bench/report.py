@@ -7,7 +7,6 @@ load average before and after.
 
 import json
 import os
-import sys
 import types
 
 from identity_tf import cli
@@ -49,16 +48,16 @@ def options_from_flags(values):
   return options
 
 
-def _log(message):
-  print(message, file=sys.stderr, flush=True)
-
-
-def benchmark_command(options, command_args, log=_log):
-  """Runs OPTIONS.suite; prints its summary, writes OPTIONS.json.
+def benchmark_command(flag_values, command_args, log=cli.print_stderr):
+  """What //bin:benchmark does: runs the suite FLAG_VALUES ({flag: value}
+  of the binary's own flags, `options_from_flags`) name, prints its
+  summary and writes the --json file.
 
   COMMAND_ARGS (the command line's flags) are recorded in the JSON as the
   command that reproduces it; LOG receives progress (stderr).
   """
+  options = options_from_flags(flag_values)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   # pylint: disable=g-import-not-at-top
   from identity_tf.bench import suites
   from identity_tf.bench import tools

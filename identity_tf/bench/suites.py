@@ -1,46 +1,66 @@
 """The suites of //bin:benchmark: what each measures and how.
 
-`SUITES[name](options, log)` runs one suite and returns (results, summary
+`SUITES[name](options)` runs one suite and returns (results, summary
 lines); OPTIONS carries the binary's flags as attributes (model, width,
 units, batch_size, steps, repeats, strategy, ...; bin/benchmark.py lists
-them). The suites time identity_tf's own code -- `step.make_train_step`,
-the input pipeline, Sections 2 and 3 -- against PyTorch and the machine's
-SGEMM peak where there is something to compare with; `benchmarks` holds
-the measuring tools they share.
+them). The network a suite times, and its input, come from one `run.Run`
+(`_run`), as //bin:train's do. The suites time identity_tf's own code --
+`step.make_train_step`, the input pipeline, Sections 2 and 3 -- against
+PyTorch and the machine's SGEMM peak where there is something to compare
+with; `tools` holds the measuring tools they share.
 """
 
-import json
-import os
-import sys
 import tempfile
+
+from identity_tf import cli
 
 STEP = ("identity_tf.training.step.make_train_step (the step "
         "trainer.train runs)")
-
-
-def log(message):
-  print(message, file=sys.stderr, flush=True)
+log = cli.print_stderr  # Progress goes to stderr, the summary to stdout.
 
 
 def _config(options, **overrides):
+  """The `configs.Config` of the network and step OPTIONS name: --model at
+  --width and --units with 10 (synthetic) or 100 (cifar100) classes,
+  trained with the paper's step as written -- the PyTorch twin implements
+  exactly that (the presets' gradient clipping adds one norm over the
+  weights). OVERRIDES come last."""
   from identity_tf import configs  # pylint: disable=g-import-not-at-top
-  dataset = "synthetic" if options.model == "cifar10" else "cifar100"
-  units = None if options.units is None else (options.units,)
-  # The paper's step as written: the PyTorch twin implements exactly that
-  # (the presets' gradient clipping adds one norm over the weights).
-  overrides = {"precision": options.precision,
-               "jit_compile": options.jit_compile, **overrides}
-  return configs.resolve(
-      "cifar10_paper_literal", model=options.model, dataset=dataset,
-      width=options.width, units=units, batch_size=options.batch_size,
-      strategy=options.strategy, **overrides)
+  return configs.resolve("cifar10_paper_literal", **{
+      "model": options.model,
+      "dataset": "synthetic" if options.model == "cifar10" else "cifar100",
+      "width": options.width,
+      "units": None if options.units is None else (options.units,),
+      "batch_size": options.batch_size, "strategy": options.strategy,
+      "precision": options.precision, "jit_compile": options.jit_compile,
+      **overrides})
 
 
-def _model_options(options):
-  model_options = {"width": options.width}
-  if options.units is not None:
-    model_options["units"] = options.units
-  return model_options
+def _run(options, **overrides):
+  """The `run.Run` of `_config(OPTIONS, **OVERRIDES)`: the network's
+  complete options and the input's preprocessing, as training derives
+  them (its dataset's metadata only; nothing is read or written)."""
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.data import tfds_data
+  from identity_tf.training import run as run_lib
+  # pylint: enable=g-import-not-at-top
+  config = _config(options, **overrides)
+  return run_lib.resolve(
+      config, tfds_data.dataset_info(config.dataset, options.data_dir), None,
+      options.data_dir)
+
+
+def _network(options):
+  """The network as the flags name it, for the JSON."""
+  units = {} if options.units is None else {"units": options.units}
+  return {"model": options.model, "width": options.width, **units}
+
+
+def _flops(run):
+  """`tools.train_flops_per_image` of RUN's network."""
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  return tools.train_flops_per_image(
+      tools.conv_shapes(run.model_name, **run.model_options))
 
 
 # ---------------------------------------------------------------------------
@@ -95,12 +115,15 @@ def speedup(faster, slower):
 def tf_contender(options, name, config, images, labels):
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
   run, model = tools.make_train_step(config, images, labels,
-                                          tpu=options.tpu)
+                                     tpu=options.tpu)
   return Contender(name, run, config.batch_size), model
 
 
 def torch_contenders(options, keras_model, config, images, labels):
-  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.bench import tools
+  from identity_tf.theory import parallel
+  # pylint: enable=g-import-not-at-top
   contenders = []
   for memory_format in options.torch_memory_formats:
     channels_last = memory_format == "channels_last"
@@ -108,7 +131,7 @@ def torch_contenders(options, keras_model, config, images, labels):
         keras_model, learning_rate=config.learning_rate,
         momentum=config.momentum, weight_decay=config.weight_decay,
         channels_last=channels_last,
-        threads=options.torch_threads or os.cpu_count())
+        threads=options.torch_threads or parallel.available_cores())
     x, y = tools.torch_batch(images, labels, channels_last)
 
     def run(steps, step=step, x=x, y=y):
@@ -119,41 +142,62 @@ def torch_contenders(options, keras_model, config, images, labels):
   return contenders
 
 
-def train_step_suite(options):
+def _torch(options):
+  """(torch, None), or (None, why PyTorch is left out)."""
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
-  config = _config(options)
-  shapes = tools.conv_shapes(options.model, **_model_options(options))
-  flops = tools.train_flops_per_image(shapes)
   torch, why_not = tools.import_torch()
   if not options.torch:
     torch, why_not = None, "PyTorch left out (--notorch)"
   if torch is None:
     log(why_not)
-  log("SGEMM peak (before)")
-  peaks = [tools.sgemm_peak(options.sgemm_size, options.sgemm_repeats,
-                                 use_torch=torch is not None, log=log)]
-  images, labels = tools.fixed_batch(config.batch_size)
-  ours, keras_model = tf_contender(options, "identity_tf", config, images,
+  return torch, why_not
+
+
+def _sgemm_peak(options, use_torch, when):
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  log(f"SGEMM peak ({when})")
+  return tools.sgemm_peak(options.sgemm_size, options.sgemm_repeats,
+                          use_torch=use_torch, log=log)
+
+
+def train_step_suite(options):
+  """identity_tf's step against PyTorch's twin and the SGEMM peak, measured
+  before and after the contenders."""
+  from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
+  run = _run(options)
+  flops = _flops(run)
+  torch, why_not = _torch(options)
+  peaks = [_sgemm_peak(options, torch is not None, "before")]
+  images, labels = tools.fixed_batch(run.config.batch_size)
+  ours, keras_model = tf_contender(options, "identity_tf", run.config, images,
                                    labels)
   contenders = [ours]
   if torch is not None:
-    contenders += torch_contenders(options, keras_model, config, images, labels)
+    contenders += torch_contenders(options, keras_model, run.config, images,
+                                   labels)
   alternate(contenders, options.steps, options.repeats)
-  log("SGEMM peak (after)")
-  peaks.append(tools.sgemm_peak(options.sgemm_size, options.sgemm_repeats,
-                                     use_torch=torch is not None, log=log))
+  peaks.append(_sgemm_peak(options, torch is not None, "after"))
+  results = _train_step_results(options, run.config, flops, peaks,
+                                contenders, why_not)
+  return results, _train_step_lines(options, results, contenders)
+
+
+def _train_step_results(options, config, flops, peaks, contenders, why_not):
+  """The JSON of the train_step suite: the figures of CONTENDERS (ours
+  first), identity_tf's FLOP/s against the best SGEMM of PEAKS and, if
+  PyTorch ran, the ratios to its contenders."""
   peak = max(p["best"] for p in peaks)
+  ours, theirs = contenders[0], contenders[1:]
   results = {
-      "network": {"model": options.model, **_model_options(options),
-                  "batch_size": config.batch_size,
+      "network": {**_network(options), "batch_size": config.batch_size,
                   "strategy": config.strategy},
       "step": STEP,
       "flops_per_image": flops,
       "sgemm": {"measurements": peaks, "peak_flops": peak},
       "contenders": {c.name: c.figures() for c in contenders},
-      "pytorch": None if torch is not None else why_not,
+      "pytorch": why_not,
   }
-  ours_rate = results["contenders"]["identity_tf"]["images_per_second"]
+  ours_rate = results["contenders"][ours.name]["images_per_second"]
   achieved = ours_rate["median"] * flops["train_flops"]
   results["identity_tf_flops"] = {
       "median": achieved,
@@ -163,29 +207,38 @@ def train_step_suite(options):
       # Like for like with the SGEMM figure, itself the best of its runs.
       "best_repeat_fraction_of_sgemm_peak":
           ours_rate["max"] * flops["train_flops"] / peak}
-  lines = []
-  if torch is not None:
-    best = max(contenders[1:], key=lambda c: c.figures()[
+  if theirs:
+    best = max(theirs, key=lambda c: c.figures()[
         "images_per_second"]["median"])
-    versus = speedup(ours, best)
-    results["ratio_vs_pytorch"] = {"against": best.name, **versus}
+    results["ratio_vs_pytorch"] = {"against": best.name,
+                                   **speedup(ours, best)}
     results["ratios_vs_each_pytorch"] = {c.name: speedup(ours, c)
-                                         for c in contenders[1:]}
-    lines.append(f"identity_tf / PyTorch ({best.name}): {versus['median']:.2f}x"
-                 f" images/s (per-repeat range {versus['min']:.2f}-"
-                 f"{versus['max']:.2f}; target >= 1.0)")
+                                         for c in theirs}
+  return results
+
+
+def _train_step_lines(options, results, contenders):
+  """The train_step suite's summary: the ratios first, then the figures."""
+  lines = []
+  versus = results.get("ratio_vs_pytorch")
+  if versus:
+    lines.append(f"identity_tf / PyTorch ({versus['against']}): "
+                 f"{versus['median']:.2f}x images/s (per-repeat range "
+                 f"{versus['min']:.2f}-{versus['max']:.2f}; target >= 1.0)")
   else:
-    lines.append(f"identity_tf / PyTorch: not measured: {why_not}")
-  ours_flops = results["identity_tf_flops"]
+    lines.append(f"identity_tf / PyTorch: not measured: "
+                 f"{results['pytorch']}")
+  ours_flops, flops = results["identity_tf_flops"], results["flops_per_image"]
+  peak = results["sgemm"]["peak_flops"]
   lines.append(
       f"identity_tf FLOP/s / SGEMM peak: "
       f"{ours_flops['fraction_of_sgemm_peak']:.0%} at the median repeat, "
       f"{ours_flops['best_repeat_fraction_of_sgemm_peak']:.0%} at the best "
-      f"({achieved / 1e9:.1f} and {ours_flops['max'] / 1e9:.1f} of "
-      f"{peak / 1e9:.1f} GFLOP/s, the best SGEMM; target >= 85%)")
+      f"({ours_flops['median'] / 1e9:.1f} and {ours_flops['max'] / 1e9:.1f} "
+      f"of {peak / 1e9:.1f} GFLOP/s, the best SGEMM; target >= 85%)")
   lines.append("")
   lines += _throughput_lines(contenders, f"{options.steps} step(s)")
-  for p in peaks:
+  for p in results["sgemm"]["measurements"]:
     by_library = ", ".join(f"{k} {p[k] / 1e9:.1f}" for k in
                            ("tensorflow", "numpy", "torch") if k in p)
     lines.append(f"SGEMM {p['size']}x{p['size']} GFLOP/s: {by_library} "
@@ -197,7 +250,7 @@ def train_step_suite(options):
       f"{flops['backward_flops'] / 1e9:.3f} G (kernel and input gradients, "
       f"no input gradient for the first convolution); elementwise work not "
       f"counted (<= {flops['other_flops_estimate'] / 1e9:.3f} G)")
-  return results, lines
+  return lines
 
 
 def _smoke_accuracy(precision, steps):
@@ -216,21 +269,21 @@ def _smoke_accuracy(precision, steps):
 
 def _loop_rate(options, precision, steps):
   """images/s of //bin:train's own loop (`trainer.train`: the input
-  pipeline, the step, the progress lines) in PRECISION:
-  the median of its 10-step windows after the first (warm-up)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from identity_tf.training import trainer  # pylint: disable=g-import-not-at-top
+  pipeline, the step, the progress lines) in PRECISION: the median of its
+  10-step windows after the first (warm-up), as metrics.jsonl records
+  them."""
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import metrics
+  from identity_tf.training import trainer
+  # pylint: enable=g-import-not-at-top
   config = _config(options, precision=precision, train_steps=steps + 10,
                    log_steps=10, steps_per_loop=10, checkpoint_steps=10 ** 9,
                    eval_at_end=False)
-  rates = []
-
-  def echo(line):
-    if line.startswith('{"step"'):
-      rates.append(json.loads(line)["images_per_second"])
   with tempfile.TemporaryDirectory() as model_dir:
-    trainer.train(config, model_dir, echo=echo)
-  return float(np.median(rates[1:]))
+    trainer.train(config, model_dir, echo=lambda line: None)
+    windows = [r for r in metrics.read(model_dir)
+               if "images_per_second" in r]
+  return metrics.images_per_second(windows[1:])
 
 
 def bf16_suite(options):
@@ -249,15 +302,14 @@ def bf16_suite(options):
   alternate(contenders, options.steps, options.repeats)
   bf16_speedup = speedup(contenders[1], contenders[0])
   stream_speedup = speedup(contenders[2], contenders[0])
-  flops = tools.train_flops_per_image(
-      tools.conv_shapes(options.model, **_model_options(options)))
+  flops = _flops(_run(options))
   log("bfloat16 matmul peak")
   peak = tools.bf16_matmul_peak(options.sgemm_size, options.sgemm_repeats,
                                 log=log)
   rate = contenders[1].figures()["images_per_second"]["median"]
   share = rate * flops["train_flops"] / peak["tensorflow"]
   _, cpu_flags = tools.cpu_model_and_flags()
-  results = {"network": {"model": options.model, **_model_options(options),
+  results = {"network": {**_network(options),
                          "batch_size": options.batch_size},
              "step": STEP,
              "cpu_bf16_features": tools.bf16_features(cpu_flags),
@@ -311,17 +363,19 @@ def bf16_suite(options):
 # pipeline.
 
 def input_pipeline_suite(options):
+  """The training input pipeline of --dataset, as a run of --model reads it
+  (its preprocessing), against what the step consumes."""
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
   from identity_tf.data import pipeline  # pylint: disable=g-import-not-at-top
-  from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
   config = _config(options)
   batch = config.batch_size
-  info = tfds_data.dataset_info(options.dataset, options.data_dir)
+  reading = _run(options, dataset=options.dataset)
   pipelines = {}
   for deterministic in (False, True):
     dataset = pipeline.build_dataset(
-        options.dataset, info.train_split, batch, training=True,
-        data_dir=options.data_dir, deterministic=deterministic)
+        options.dataset, reading.dataset.train_split, batch, training=True,
+        data_dir=options.data_dir, deterministic=deterministic,
+        preprocessing=reading.preprocessing)
     iterator = iter(dataset)
 
     def run(batches, iterator=iterator):
@@ -348,7 +402,7 @@ def input_pipeline_suite(options):
   # The training run's setting (configs.Config.deterministic, default off).
   used = pipelines[config.deterministic].name
   results = {"dataset": options.dataset, "batch_size": batch,
-             "network": {"model": options.model, **_model_options(options)},
+             "network": _network(options),
              "contenders": figures, "pipeline_over_step": headroom,
              "training_uses": used}
   lines = [f"input pipeline / step consumption ({name}): "
@@ -555,15 +609,13 @@ def bf16_identity_suite(options):
   a freshly initialised --model, or every checkpoint of --model_dir on a
   batch of its run's evaluation images (`rounding.branch_survival`)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
   from identity_tf.bench import rounding  # pylint: disable=g-import-not-at-top
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
   from identity_tf.data import pipeline  # pylint: disable=g-import-not-at-top
   from identity_tf.training import checkpoints  # pylint: disable=g-import-not-at-top
   measured = {}
   if options.model_dir is None:
-    model = model_lib.build_model(options.model, precision="float32",
-                                  **_model_options(options))
+    model = checkpoints.build_model(_run(options), precision="float32")
     images, _ = tools.fixed_batch(options.batch_size)
     measured["init"] = rounding.branch_survival(model, images)
   else:

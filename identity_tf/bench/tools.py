@@ -24,6 +24,8 @@ import time
 import numpy as np
 
 from identity_tf import model as model_lib
+from identity_tf.theory import parallel
+from identity_tf.training import distribute
 
 # Sizes that make a float32 matrix product compute-bound on a CPU.
 SGEMM_SIZE = 4096
@@ -38,19 +40,9 @@ _INTERESTING_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl",
 
 def cpu_model_and_flags():
   """(CPU model name, the relevant flags it has) from /proc/cpuinfo."""
-  name, flags = platform.processor() or platform.machine(), set()
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name":
-          name = value.strip()
-        elif key == "flags":
-          flags = set(value.split())
-  except OSError:
-    pass
-  return name, [flag for flag in _INTERESTING_FLAGS if flag in flags]
+  name, flags = distribute.cpu_model_and_flags()
+  return (name or platform.processor() or platform.machine(),
+          [flag for flag in _INTERESTING_FLAGS if flag in flags])
 
 
 def load_average():
@@ -71,7 +63,7 @@ def machine_info():
       "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime(
           "%Y-%m-%d %H:%M:%S"),
       "cpu": name,
-      "cores": os.cpu_count(),
+      "cores": parallel.available_cores(),
       "cpu_flags": flags,
       "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
       "python": sys.version.split()[0],
@@ -271,16 +263,14 @@ def make_train_step(config, images, labels, strategy=None, tpu=None):
   import tensorflow as tf
   from identity_tf.data import tfds_data
   from identity_tf.training import distribute
-  from identity_tf.training import run as run_lib
   from identity_tf.training import trainer as trainer_lib
   # pylint: enable=g-import-not-at-top
   strategy = strategy or distribute.create_strategy(config.strategy, tpu)
   # The classes of CONFIG's dataset; its data is not read. Nothing is
   # saved: the model_dir is a scratch directory.
   scratch = tempfile.TemporaryDirectory()
-  run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset),
-                        scratch.name,
-                        replicas=strategy.num_replicas_in_sync)
+  run = trainer_lib.resolve(config, scratch.name, strategy,
+                            info=tfds_data.dataset_info(config.dataset))
 
   def dataset_fn(input_context):
     per_replica = input_context.get_per_replica_batch_size(config.batch_size)
@@ -319,11 +309,24 @@ def torch_reference(keras_model, learning_rate=0.05, momentum=0.9,
   IMAGES are NumPy NHWC float32, converted once by `torch_batch`.
   """
   import torch  # pylint: disable=g-import-not-at-top
-  from torch import nn  # pylint: disable=g-import-not-at-top
-  from torch.nn import functional  # pylint: disable=g-import-not-at-top
-
   if threads:
     torch.set_num_threads(threads)
+  network = _torch_network(keras_model)
+  if channels_last:
+    network = network.to(memory_format=torch.channels_last)
+  network.train()
+  step, optimizer = _torch_sgd_step(network, learning_rate, momentum,
+                                    weight_decay)
+  return network, step, optimizer
+
+
+def _torch_modules():
+  """(Unit, Network): the twin's PyTorch modules, defined once torch is
+  imported (it is optional)."""
+  # pylint: disable=g-import-not-at-top
+  from torch import nn
+  from torch.nn import functional
+  # pylint: enable=g-import-not-at-top
 
   def same_conv(x, conv):
     # TensorFlow "same": total padding max((out-1)*s + k - in, 0), the odd
@@ -339,6 +342,7 @@ def torch_reference(keras_model, learning_rate=0.05, momentum=0.9,
     return functional.conv2d(x, conv.weight, None, s, 0)
 
   class Unit(nn.Module):
+    """x + C2(ReLU(C1 x)), the shortcut pooled and zero-padded."""
 
     def __init__(self, c_in, c_out, stride):
       super().__init__()
@@ -358,6 +362,7 @@ def torch_reference(keras_model, learning_rate=0.05, momentum=0.9,
       return shortcut + branch
 
   class Network(nn.Module):
+    """The stem, the units, global average pooling, the projection."""
 
     def __init__(self, stem, units, projection):
       super().__init__()
@@ -372,28 +377,43 @@ def torch_reference(keras_model, learning_rate=0.05, momentum=0.9,
         x = unit(x)
       return x.mean(dim=(2, 3)) @ self.projection
 
+  return Unit, Network
+
+
+def _torch_kernel(keras_kernel):
+  """A Keras kernel (k, k, c_in, c_out) as PyTorch's (c_out, c_in, k, k)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  return torch.from_numpy(keras_kernel.numpy().transpose(3, 2, 0, 1).copy())
+
+
+def _torch_network(keras_model):
+  """The twin of KERAS_MODEL, layer by layer, with its kernels copied."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch import nn  # pylint: disable=g-import-not-at-top
+  unit_class, network_class = _torch_modules()
   stem, units = [], []
   for layer in keras_model.layers:
     if layer.name.startswith("stem"):
-      kernel = layer.kernel.numpy()
-      k, _, c_in, c_out = kernel.shape
+      k, _, c_in, c_out = layer.kernel.shape
       conv = nn.Conv2d(c_in, c_out, k, layer.strides[0], bias=False)
-      conv.weight.data = torch.from_numpy(kernel.transpose(3, 2, 0, 1).copy())
+      conv.weight.data = _torch_kernel(layer.kernel)
       stem.append(conv)
     elif hasattr(layer, "conv1") and hasattr(layer, "conv2"):
-      kernel1 = layer.conv1.kernel.numpy()
-      unit = Unit(kernel1.shape[2], layer.filters, layer.strides)
-      for conv, keras_conv in ((unit.conv1, layer.conv1),
-                               (unit.conv2, layer.conv2)):
-        conv.weight.data = torch.from_numpy(
-            keras_conv.kernel.numpy().transpose(3, 2, 0, 1).copy())
+      unit = unit_class(layer.conv1.kernel.shape[2], layer.filters,
+                        layer.strides)
+      unit.conv1.weight.data = _torch_kernel(layer.conv1.kernel)
+      unit.conv2.weight.data = _torch_kernel(layer.conv2.kernel)
       units.append(unit)
   projection = torch.from_numpy(
       keras_model.get_layer("projection").kernel.numpy().copy())
-  network = Network(stem, units, projection)
-  if channels_last:
-    network = network.to(memory_format=torch.channels_last)
-  network.train()
+  return network_class(stem, units, projection)
+
+
+def _torch_sgd_step(network, learning_rate, momentum, weight_decay):
+  """(step(images, labels) -> (loss, correct), its optimizer): one SGD
+  step of NETWORK on the loss of `torch_reference`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch.nn import functional  # pylint: disable=g-import-not-at-top
   kernels = [p for p in network.parameters() if p.dim() == 4]
   optimizer = torch.optim.SGD(network.parameters(), lr=learning_rate,
                               momentum=momentum)
@@ -408,7 +428,7 @@ def torch_reference(keras_model, learning_rate=0.05, momentum=0.9,
     correct = (logits.argmax(-1) == labels).sum()
     return float(loss.detach()), int(correct)
 
-  return network, step, optimizer
+  return step, optimizer
 
 
 def torch_batch(images, labels, channels_last=False):

@@ -20,6 +20,8 @@ stream from TFDS's files (shuffled file order plus a shuffle buffer) and
 identify each example by its TFDS id.
 """
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -33,6 +35,7 @@ from identity_tf.data import tfds_data
 # TFDS already shuffled the examples when preparing and the file order is
 # reshuffled every epoch.
 _IMAGENET_SHUFFLE_BUFFER = 512
+
 
 def _shard_layout(input_context, batch_size):
   """(pipeline id, pipelines, replicas per pipeline, global batch)."""
@@ -198,9 +201,10 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
     input_context: a `tf.distribute.InputContext` (from
       `distribute_datasets_from_function`); the pipeline reads only its shard.
     num_examples: use only the first NUM_EXAMPLES examples of the split.
-    preprocessing: a `datasets.preprocessing_config` dict to use instead of the
-      dataset's own at its native size (for example one read back from a
-      model's config.json, for the network's input size).
+    preprocessing: a `datasets.preprocessing_config` dict: a run's
+      (`run.Run.preprocessing`, for the network's input size), which is
+      what training, evaluation and the benchmark pass. None: the
+      dataset's own at its native size.
     start_step: training only: start as if START_STEP steps (global batches)
       had already been taken, yielding exactly what the uninterrupted pipeline
       yields from there (with deterministic=True). A way to resume the input
@@ -218,6 +222,30 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
     DatasetNotReadyError: a TFDS dataset is not prepared in DATA_DIR.
     ValueError: any other bad argument.
   """
+  _check_arguments(batch_size, num_examples, start_step, training)
+  # Data loading runs eagerly even when called while tracing a tf.function
+  # (as ParameterServerStrategy does with per-worker datasets).
+  with tf.init_scope():
+    source = _read_split(name, split, data_dir, num_examples, preprocessing)
+  if source.preprocessing["kind"] == "cifar":
+    ds = _in_memory_dataset(source.images, source.labels, batch_size,
+                            source.preprocessing, training=training,
+                            seed=int(seed), input_context=input_context,
+                            start_step=int(start_step))
+  else:
+    ds = _streaming_dataset(source.builder, split, batch_size,
+                            source.preprocessing, training=training,
+                            seed=int(seed), input_context=input_context,
+                            stop=source.stop, start_step=int(start_step),
+                            jpeg=source.jpeg)
+  ds = ds.prefetch(tf.data.AUTOTUNE)
+  # Evaluation always keeps its order (and its final partial batch last);
+  # only training may trade order for speed.
+  return ds.with_options(_options(deterministic or not training))
+
+
+def _check_arguments(batch_size, num_examples, start_step, training):
+  """ValueError (one line) for `build_dataset` arguments of the wrong kind."""
   if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
     raise ValueError(f"batch_size must be a positive integer, got "
                      f"{batch_size!r}")
@@ -231,47 +259,44 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
     raise ValueError(
         f"start_step must be a non-negative integer, and 0 unless training; "
         f"got {start_step!r} with training={training}")
-  start_step = int(start_step)
-  seed = int(seed)
 
-  # Data loading runs eagerly even when called while tracing a tf.function
-  # (as ParameterServerStrategy does with per-worker datasets).
-  with tf.init_scope():
-    if name == datasets.SYNTHETIC:
-      info, builder = datasets.synthetic_info(), None
-      if split not in (info.train_split, info.eval_split):
-        raise ValueError(
-            f"unknown split {split!r} of {name}; valid: {info.train_split}, "
-            f"{info.eval_split}")
-    else:
-      builder = tfds_data.prepared_builder(name, data_dir, split)
-      info = tfds_data.info_from_builder(builder)
-    preprocessing = dict(preprocessing or datasets.preprocessing_config(info))
-    datasets.check_fits(preprocessing, info)
-    if builder is None:
-      size = len(synthetic.arrays(split)[1])
-    else:
-      size = builder.info.splits[split].num_examples
-    stop = size if num_examples is None else min(num_examples, size)
-    if preprocessing["kind"] == "cifar":
-      if builder is None:
-        images, labels = (a[:stop] for a in synthetic.arrays(split))
-      else:
-        images, labels = tfds_data.tfds_arrays(builder, split, stop,
-                                               info.image_shape)
 
-  if preprocessing["kind"] == "cifar":
-    ds = _in_memory_dataset(images, labels, batch_size, preprocessing,
-                            training=training, seed=seed,
-                            input_context=input_context,
-                            start_step=start_step)
+@dataclasses.dataclass(frozen=True)
+class _Split:
+  """What a pipeline reads: the first STOP examples of a split, held in
+  memory (IMAGES, LABELS) for "cifar" PREPROCESSING, else streamed from
+  TFDS's BUILDER (JPEG: encoded JPEG files)."""
+  preprocessing: dict
+  stop: int
+  builder: object = None
+  jpeg: bool = False
+  images: np.ndarray = None
+  labels: np.ndarray = None
+
+
+def _read_split(name, split, data_dir, num_examples, preprocessing):
+  """The `_Split` of dataset NAME: its first NUM_EXAMPLES (None: all) of
+  SPLIT with PREPROCESSING (None: the dataset's own at its native size),
+  checked to fit its images."""
+  if name == datasets.SYNTHETIC:
+    info, builder = datasets.synthetic_info(), None
+    if split not in (info.train_split, info.eval_split):
+      raise ValueError(
+          f"unknown split {split!r} of {name}; valid: {info.train_split}, "
+          f"{info.eval_split}")
+    size = len(synthetic.arrays(split)[1])
   else:
-    ds = _streaming_dataset(builder, split, batch_size, preprocessing,
-                            training=training, seed=seed,
-                            input_context=input_context, stop=stop,
-                            start_step=start_step, jpeg=info.jpeg)
-  ds = ds.prefetch(tf.data.AUTOTUNE)
-  # Evaluation always keeps its order (and its final partial batch last);
-  # only training may trade order for speed.
-  return ds.with_options(_options(deterministic or not training))
-
+    builder = tfds_data.prepared_builder(name, data_dir, split)
+    info = tfds_data.info_from_builder(builder)
+    size = builder.info.splits[split].num_examples
+  preprocessing = dict(preprocessing or datasets.preprocessing_config(info))
+  datasets.check_fits(preprocessing, info)
+  stop = size if num_examples is None else min(num_examples, size)
+  if preprocessing["kind"] != "cifar":
+    return _Split(preprocessing, stop, builder, jpeg=info.jpeg)
+  if builder is None:
+    images, labels = (a[:stop] for a in synthetic.arrays(split))
+  else:
+    images, labels = tfds_data.tfds_arrays(builder, split, stop,
+                                           info.image_shape)
+  return _Split(preprocessing, stop, builder, info.jpeg, images, labels)

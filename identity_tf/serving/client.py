@@ -42,6 +42,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from identity_tf import cli
 from identity_tf.serving.contract import CLASSES_KEY
 from identity_tf.serving.contract import DEFAULT_SIGNATURE
 from identity_tf.serving.contract import IMAGES_SIGNATURE
@@ -421,3 +422,20 @@ def format_prediction(name, probabilities, k, class_names=None):
       text += f" ({class_names[label]})"
     parts.append(f"{text} {p:.4f}")
   return f"{name}: " + ", ".join(parts)
+
+
+def predict_command(server, model_name, paths, *, protocol="rest",
+                    signature=None, version=None, timeout=30.0, top_k=5,
+                    model_info=None, result=print):
+  """What //bin:serve_client does: sends the files PATHS (as the user typed
+  them) to MODEL_NAME on SERVER (`predict`) and gives RESULT one line per
+  image: its TOP_K classes with their probabilities, named from the export's
+  MODEL_INFO (model_info.json) if given. ServingError on any failure."""
+  inputs = [read_input(cli.resolve_path(path), display_name=path)
+            for path in paths]
+  names = (read_class_names(cli.resolve_path(model_info)) if model_info
+           else None)
+  for name, probabilities in predict(
+      server, model_name, inputs, protocol=protocol, signature=signature,
+      version=version, timeout=timeout):
+    result(format_prediction(name, probabilities, top_k, names))

@@ -2,7 +2,8 @@
 
 `export_run(model_dir, export_dir)` restores the run's checkpoint
 (`checkpoints.restore_model`) and writes `EXPORT_DIR/<version>/`, the layout TF
-Serving's `--model_base_path` expects, holding:
+Serving's `--model_base_path` expects (`export_command`: and says so, as
+//bin:export does), holding:
 
 * a SavedModel whose signatures carry the run's evaluation preprocessing, so
   clients send raw pixels or image files and never re-implement it:
@@ -245,19 +246,18 @@ class ServingModule:
 # ---------------------------------------------------------------------------
 # model_info.json.
 
-def model_info(description, step, *, version, checkpoint=None,
-               num_classes=None):
-  """The human-readable facts of an export (written as model_info.json)."""
-  config = description.get("config", {})
-  dataset = description.get("dataset", {})
-  preprocessing = description["preprocessing"]
-  num_classes = num_classes or dataset.get("num_classes")
+def model_info(run, step, *, version, checkpoint=None, num_classes=None):
+  """The human-readable facts of an export of RUN (a `run.Run`) at STEP
+  (written as model_info.json)."""
+  dataset = run.dataset
+  preprocessing = run.preprocessing
+  num_classes = num_classes or (dataset.num_classes if dataset else None)
   # The label names as the dataset gives them (TFDS's ClassLabel), recorded
   # by training in config.json.
-  names = dataset.get("class_names")
+  names = list(dataset.class_names) if dataset else None
   if names is not None and len(names) != num_classes:
     raise ValueError(
-        f"the model has {num_classes} classes but {dataset.get('name')} has "
+        f"the model has {num_classes} classes but {dataset.name} has "
         f"{len(names)} label names; is config.json from this run?")
   size = int(preprocessing["image_size"])
   fixed = preprocessing["kind"] == "cifar"
@@ -266,11 +266,14 @@ def model_info(description, step, *, version, checkpoint=None,
   colour = "grayscale" if channels == 1 else "RGB"
   return {
       "version": version,
-      "model": description.get("model", {}),
-      "preset": config.get("preset"),
+      "model": {"name": run.model_name, "options": run.model_options},
+      "preset": run.config.preset,
+      # What the graph computes in: float32 in and out under every
+      # precision, 16-bit convolutions under mixed_* (docs/serving.md).
+      "precision": run.config.precision,
       "step": int(step),
       "checkpoint": checkpoint,
-      "dataset": dataset.get("name") or config.get("dataset"),
+      "dataset": dataset.name if dataset else run.config.dataset,
       "classes": {"count": num_classes, "names": names},
       "input": {
           "image_size": size,
@@ -316,15 +319,15 @@ def _outputs_info(num_classes):
 # ---------------------------------------------------------------------------
 # Writing a version.
 
-def export_model(model, description, step, export_dir, *, version=None,
+def export_model(model, run, step, export_dir, *, version=None,
                  overwrite=False, checkpoint=None):
   """Writes MODEL as version VERSION (default: the next) of EXPORT_DIR.
 
   Args:
     model: the Keras model (images -> logits), e.g. from
       `checkpoints.restore_model`.
-    description: the run's config.json dict (needs "preprocessing"; "config",
-      "dataset" and "model" feed model_info.json).
+    run: its `run.Run` (e.g. `run.read(model_dir)`): the preprocessing the
+      signatures carry, and what model_info.json says.
     step: the checkpoint's global step.
     export_dir: TF Serving's model base path; created if missing.
     version: an integer; None for one more than the highest existing.
@@ -341,9 +344,9 @@ def export_model(model, description, step, export_dir, *, version=None,
       export_dir)
   version = choose_version(export_dir, version, overwrite)
   num_classes = int(model.output_shape[-1])
-  info = model_info(description, step, version=version, checkpoint=checkpoint,
+  info = model_info(run, step, version=version, checkpoint=checkpoint,
                     num_classes=num_classes)
-  module = ServingModule(model, description["preprocessing"])
+  module = ServingModule(model, run.preprocessing)
   os.makedirs(export_dir, exist_ok=True)
   temporary = os.path.join(
       export_dir, f"{_TEMPORARY_PREFIX}{version}-{uuid.uuid4().hex[:8]}")
@@ -398,8 +401,30 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
   path = checkpoints.find_checkpoint(model_dir, checkpoint, echo)
   model, run, step = checkpoints.restore_checkpoint(model_dir, path)
   version, version_dir = export_model(
-      model, run.description(), step, export_dir, version=version,
-      overwrite=overwrite, checkpoint=path)
+      model, run, step, export_dir, version=version, overwrite=overwrite,
+      checkpoint=path)
   with open(os.path.join(version_dir, MODEL_INFO_FILE)) as f:
     info = json.load(f)
   return version, version_dir, info
+
+
+def export_command(model_dir, export_dir, *, checkpoint=None, version=None,
+                   overwrite=False, note=cli.print_stderr, result=print):
+  """What //bin:export does: `export_run`, then RESULT receives what was
+  exported where, the facts a client needs (JSON) and the commands that
+  serve and inspect it; NOTE the checkpoints skipped as damaged."""
+  version, path, info = export_run(
+      model_dir, export_dir, checkpoint=checkpoint, version=version,
+      overwrite=overwrite, echo=lambda line: note(f"note: {line}; skipped"))
+  result(f"exported step {info['step']} of {model_dir} as version {version}: "
+         f"{path}")
+  result(json.dumps({"classes": info["classes"]["count"],
+                     "input": info["input"], "preset": info["preset"]}))
+  stale = stale_temporary_dirs(export_dir)
+  if stale:
+    result(f"note: {len(stale)} unfinished export(s) left by killed runs "
+           f"(ignored by TF Serving; safe to delete): {', '.join(stale)}")
+  name = os.path.basename(os.path.normpath(export_dir))
+  result(f"serve:   tensorflow_model_server --port=8500 --rest_api_port=8501 "
+         f"--model_name={name} --model_base_path={export_dir}")
+  result(f"inspect: saved_model_cli show --dir {path} --all")

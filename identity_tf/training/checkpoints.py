@@ -19,6 +19,7 @@ import json
 import os
 import time
 
+from google.protobuf import text_format
 import tensorflow as tf
 
 from identity_tf import model as model_lib
@@ -251,13 +252,20 @@ def record_checkpoints(model_dir, intact):
       tf.io.gfile.remove(path)
     return
   oldest_first = list(reversed(intact))
-  # Relative names, as the CheckpointManager itself writes them.
-  tf.compat.v1.train.update_checkpoint_state(
-      model_dir, os.path.basename(intact[0]),
+  # Relative names, as the CheckpointManager itself writes them (with an
+  # absolute save_dir TensorFlow keeps them as given). The proto is
+  # TensorFlow's own; update_checkpoint_state, which would also write it,
+  # is deprecated and says so on every resume.
+  state = tf.compat.v1.train.generate_checkpoint_state_proto(
+      os.path.abspath(model_dir), os.path.basename(intact[0]),
       all_model_checkpoint_paths=[os.path.basename(p) for p in oldest_first],
       all_model_checkpoint_timestamps=[
           tf.io.gfile.stat(p + ".index").mtime_nsec / 1e9
           for p in oldest_first])
+  temporary = f"{path}.tmp{os.getpid()}"
+  with tf.io.gfile.GFile(temporary, "w") as f:
+    f.write(text_format.MessageToString(state))
+  tf.io.gfile.rename(temporary, path, overwrite=True)
 
 
 def resume_point(model_dir, chief=True, echo=None):
@@ -377,9 +385,16 @@ def restore_checkpoint(model_dir, path, precision=None):
   """`restore_model` of PATH, a prefix `find_checkpoint` has already found
   and verified (verifying reads every byte: not twice)."""
   run = run_lib.read(model_dir)
-  numerics = dict(run.numerics, **({"precision": precision} if precision
-                                   else {}))
-  model = model_lib.build_model(run.model_name, **numerics,
-                                **run.model_options)
+  model = build_model(run, precision)
   tf.train.Checkpoint(model=model).read(path).expect_partial()
   return model, run, checkpoint_step(path)
+
+
+def build_model(run, precision=None):
+  """RUN's network (`model.build_model` with the run's options), computing
+  in PRECISION (default: the run's): what training trains and what its
+  checkpoints restore into."""
+  numerics = dict(run.numerics, **({"precision": precision} if precision
+                                   else {}))
+  return model_lib.build_model(run.model_name, **numerics,
+                               **run.model_options)

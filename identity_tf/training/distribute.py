@@ -209,3 +209,61 @@ def describe_failure(error):
   return (f"training stopped: {type(error).__name__}: {what[:200]}"
           f"{where}; if a worker of the cluster stopped, run the same "
           "command on every worker to resume from the latest checkpoint")
+
+
+# -----------------------------------------------------------------------------
+# The hardware a precision is meant for.
+
+def cpu_model_and_flags():
+  """(CPU model name, the set of its /proc/cpuinfo flags); ("", set())
+  where there is no /proc/cpuinfo."""
+  name, flags = "", set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name":
+          name = value.strip()
+        elif key == "flags":
+          flags = set(value.split())
+  except OSError:
+    pass
+  return name, flags
+
+
+# CPU instructions that compute in bfloat16 natively: AVX512-BF16's dot
+# products and AMX's tile multiplies. Without them TensorFlow converts to
+# float32 and back around every operation.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def precision_note(precision, device_types=None, cpu_flags=None):
+  """A line warning that PRECISION is slow on this machine, or None.
+
+  DEVICE_TYPES: of this process's logical devices (default: TensorFlow's
+  list); with a GPU or TPU among them the 16-bit precisions are what they
+  are for. On CPUs only, mixed_bfloat16 is emulated where none of
+  BF16_CPU_FLAGS is among CPU_FLAGS (default: this machine's) -- measured
+  8x slower than float32 on an AVX2-only EPYC, BENCHMARKS.md -- and
+  mixed_float16 has no fast path on any CPU. Neither is refused: the
+  result is the same, only slower.
+  """
+  if precision == "float32":
+    return None
+  if device_types is None:
+    device_types = {d.device_type for d in tf.config.list_logical_devices()}
+  if set(device_types) & {"GPU", "TPU"}:
+    return None
+  if precision == "mixed_float16":
+    return ("note: --precision=mixed_float16 is for GPUs: on a CPU it runs "
+            "slower than float32 (BENCHMARKS.md)")
+  if cpu_flags is None:
+    cpu_flags = cpu_model_and_flags()[1]
+  if set(BF16_CPU_FLAGS) & set(cpu_flags):
+    return None
+  return (f"note: this CPU has no bfloat16 instructions (none of "
+          f"{', '.join(BF16_CPU_FLAGS)} in /proc/cpuinfo): "
+          f"--precision=mixed_bfloat16 is emulated, several times slower "
+          f"than float32 here (BENCHMARKS.md); --precision=float32 is faster "
+          f"on this machine")

@@ -19,15 +19,17 @@ from identity_tf.training import metrics
 from identity_tf.training import run as run_lib
 
 
-def make_evaluator(model, dataset, *, data_dir=None, batch_size=500,
-                   num_examples=None, preprocessing=None, info=None):
+def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
+                   batch_size=500, num_examples=None):
   """A function () -> `evaluate`'s result for MODEL's current weights.
 
-  The evaluation pipeline is built once (for an in-memory dataset: read
-  once), so a training run can evaluate every few steps cheaply. INFO is
-  DATASET's `datasets.DatasetInfo` if the caller has it.
+  Evaluates on the held-out split of DATASET (as --dataset names it), which
+  INFO describes (its `datasets.DatasetInfo`), with PREPROCESSING: a run's
+  (`run.Run.preprocessing`), or `datasets.preprocessing_config` of another
+  dataset for the run's input size. The pipeline is built once (for an
+  in-memory dataset: read once), so a training run can evaluate every few
+  steps cheaply.
   """
-  info = info or tfds_data.dataset_info(dataset, data_dir)
   if info.eval_split is None:
     raise ValueError(f"{dataset} has neither a 'validation' nor a 'test' "
                      "split to evaluate on")
@@ -60,14 +62,14 @@ def make_evaluator(model, dataset, *, data_dir=None, batch_size=500,
   return run
 
 
-def evaluate(model, dataset, **options):
+def evaluate(model, dataset, info, preprocessing, **options):
   """Loss and accuracy of MODEL on DATASET's evaluation split, one pass.
 
   Returns {"loss": mean cross-entropy (no weight decay), "top1", "top5":
-  fractions, "examples": count}. Runs on one device. OPTIONS are
+  fractions, "examples": count}. Runs on one device. The arguments are
   `make_evaluator`'s.
   """
-  return make_evaluator(model, dataset, **options)()
+  return make_evaluator(model, dataset, info, preprocessing, **options)()
 
 
 def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
@@ -108,11 +110,12 @@ def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
   which evaluates the checkpoint and EMITs the result."""
   trained = run.dataset.name if run.dataset else run.config.dataset
   dataset = dataset or trained
-  # The model's own preprocessing on its own dataset; on another one, that
-  # dataset's preprocessing for the model's input size.
-  preprocessing = run.preprocessing
-  if dataset != trained:
+  # The model's own dataset and preprocessing; on another dataset, its
+  # preprocessing for the model's input size.
+  info, preprocessing = run.dataset, run.preprocessing
+  if dataset != trained or info is None:  # None: config.json predates it.
     info = tfds_data.dataset_info(dataset, run.data_dir)
+  if dataset != trained:
     classes = run.model_options["classes"]
     if info.num_classes != classes:
       raise ValueError(
@@ -123,9 +126,9 @@ def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
 
   def evaluate_checkpoint(path):
     model, _, step = checkpoints.restore_checkpoint(run.model_dir, path)
-    scores = evaluate(model, dataset, data_dir=run.data_dir,
-                      batch_size=batch_size, num_examples=num_examples,
-                      preprocessing=preprocessing)
+    scores = evaluate(model, dataset, info, preprocessing,
+                      data_dir=run.data_dir, batch_size=batch_size,
+                      num_examples=num_examples)
     if write_summaries:
       with metrics.MetricsWriter(run.model_dir) as writer:
         writer.evaluation(step, scores, source="evaluate", dataset=dataset)

@@ -1,9 +1,10 @@
 """What //bin:train does with a resolved configuration: train and report.
 
-`train_command` shows the resolved run, writes only config.json for a dry
-run, trains (`trainer.train`), turns every way a run can stop into one line
-and an exit status -- 143/130 for SIGTERM/Ctrl-C after a checkpoint, 1 for
-errors -- and ends with what the run reached and where its files are.
+`train_command` trains (`trainer.train`), or for a dry run resolves the
+run (`run.resolve`), shows it and writes nothing. It turns
+every way a run can stop into one line and an exit status -- 143/130 for
+SIGTERM/Ctrl-C after a checkpoint, 1 for errors -- and ends with what the
+run reached and where its files are.
 """
 
 import json
@@ -22,8 +23,8 @@ from identity_tf.training import trainer
 
 
 def train_command(config, model_dir, *, data_dir=None, tpu=None,
-                  cluster_timeout=600.0, dry_run=False, progress=None,
-                  result=None):
+                  cluster_timeout=600.0, dry_run=False,
+                  progress=cli.print_stderr, result=print):
   """Trains CONFIG in MODEL_DIR as //bin:train does.
 
   PROGRESS receives the resolved configuration and the progress lines
@@ -31,41 +32,51 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
   (stdout by default). Exits (SystemExit) with one line on stderr when the
   run stops before its end.
   """
-  progress = progress or _stderr
-  result = result or print
   try:
     # Under parameter_server, workers and parameter servers only serve.
     if (config.strategy == "parameter_server" and
         distribute.run_parameter_server_task()):
       return
-    run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset,
-                                                         data_dir),
-                          model_dir, data_dir)
     if dry_run:
-      # Checked as a training would, but nothing is written: config.json
-      # records what runs, not what was tried.
-      if os.path.isfile(model_dir):
-        raise ValueError(f"--model_dir={model_dir} is a file, not a "
-                         "directory; pick another --model_dir")
-      config_file.check_resumable(model_dir, config)
-      progress(json.dumps(run.description(model_dir=model_dir), indent=2,
-                          sort_keys=True))
-      result(f"dry run: the configuration above is valid; nothing was "
-             f"written to {model_dir}")
+      _dry_run(config, model_dir, data_dir=data_dir, tpu=tpu,
+               cluster_timeout=cluster_timeout, progress=progress,
+               result=result)
       return
     outcome = trainer.train(config, model_dir, data_dir=data_dir, tpu=tpu,
                             cluster_timeout=cluster_timeout, echo=progress)
   except preemption.PreemptedError as e:
-    _stop(str(e), e.exit_code)
+    cli.exit_with(str(e), e.exit_code)
   except KeyboardInterrupt:  # Ctrl-C before the loop could save anything.
-    _stop("interrupted before training started; nothing was written", 130)
+    cli.exit_with("interrupted before training started; nothing was written",
+                  130)
   except ValueError as e:  # DatasetNotReadyError and NaN stops too.
-    _stop(f"error: {e}", 1)
+    cli.exit_with(f"error: {e}", 1)
   except tf.errors.OpError as e:
-    _stop(f"error: {distribute.describe_failure(e)}", 1)
+    cli.exit_with(f"error: {distribute.describe_failure(e)}", 1)
   if distribute.is_chief():
     for line in summary(outcome, config, model_dir):
       result(line)
+
+
+def _dry_run(config, model_dir, *, data_dir, tpu, cluster_timeout, progress,
+             result):
+  """Resolves and checks CONFIG and MODEL_DIR as `trainer.train` would and
+  shows the run, writing nothing: config.json records what runs, not what
+  was tried. It contacts no TPU or cluster, so the batch is checked against
+  one replica only; the dataset need not be prepared yet (its metadata is
+  TFDS's)."""
+  del tpu, cluster_timeout  # Only a real run creates its strategy.
+  run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset,
+                                                       data_dir),
+                        model_dir, data_dir)
+  if os.path.isfile(model_dir):
+    raise ValueError(f"--model_dir={model_dir} is a file, not a "
+                     "directory; pick another --model_dir")
+  config_file.check_resumable(model_dir, config)
+  progress(json.dumps(run.description(model_dir=model_dir), indent=2,
+                      sort_keys=True))
+  result(f"dry run: the configuration above is valid; nothing was "
+         f"written to {model_dir}")
 
 
 def summary(outcome, config, model_dir):
@@ -89,13 +100,3 @@ def summary(outcome, config, model_dir):
   return [text, f"checkpoints: {model_dir}",
           f"TensorBoard: {tensorboard} --logdir {model_dir}",
           f"evaluate:    {cli.command('evaluate', f'--model_dir={model_dir}')}"]
-
-
-def _stderr(line):
-  print(line, file=sys.stderr, flush=True)
-
-
-def _stop(line, code):
-  """LINE on stderr, exit with CODE."""
-  print(line, file=sys.stderr, flush=True)
-  sys.exit(code)

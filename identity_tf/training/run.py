@@ -109,16 +109,23 @@ def resolve(config, dataset, model_dir, data_dir=None, replicas=1):
     raise ValueError(f"--batch_size={config.batch_size} must be a multiple "
                      f"of the {replicas} replicas of --strategy="
                      f"{config.strategy}")
-  examples = config.num_train_examples or dataset.num_train_examples
-  steps_per_epoch = examples / config.batch_size if examples else None
+  steps = steps_per_epoch(config, dataset.num_train_examples)
   return Run(config=config, dataset=dataset, model_dir=model_dir,
              data_dir=data_dir,
              model_options=_model_options(config, dataset.num_classes),
              preprocessing=datasets.preprocessing_config(
                  dataset, architectures.input_size(config.model),
                  flip=config.flip),
-             steps_per_epoch=steps_per_epoch,
-             schedule=make_schedule(config, steps_per_epoch))
+             steps_per_epoch=steps,
+             schedule=make_schedule(config, steps))
+
+
+def steps_per_epoch(config, num_train_examples):
+  """Steps per pass over CONFIG's training examples: its
+  --num_train_examples if set, else NUM_TRAIN_EXAMPLES (the dataset's
+  training split), over the global batch; None if neither is known."""
+  examples = config.num_train_examples or num_train_examples
+  return examples / config.batch_size if examples else None
 
 
 def from_description(description, model_dir, data_dir=None):

@@ -44,6 +44,79 @@ def _forward_backward(model, probe, optimizer, config, loss_scaled):
   return forward_backward
 
 
+def _replica_step(model, probe, optimizer, config, replicas):
+  """One SGD step on one replica's part of the global batch: (images,
+  labels) -> (sums, values), see `make_train_step`."""
+  names = list(probe.output.keys())
+  variables = model.trainable_variables
+  # mixed_float16: Keras's dynamic loss scaling. The loss is multiplied by
+  # a power of two before the backward pass; the optimizer divides it out,
+  # and skips the step (halving the scale) when a gradient overflowed.
+  loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+  forward_backward = _forward_backward(model, probe, optimizer, config,
+                                       loss_scaled)
+
+  def replica_step(images, labels):
+    activations, logits, per_example, gradients = forward_backward(images,
+                                                                   labels)
+    unscaled = gradients
+    if loss_scaled:
+      # Clipping, AGC and the diagnostics see the true gradient (dividing
+      # by a power of two is exact); the optimizer gets the scaled one.
+      inverse = 1.0 / optimizer.dynamic_scale
+      unscaled = [g * inverse for g in gradients]
+    # With several replicas in sync each one holds a part of the gradient;
+    # the clipping factors and the reported norm are those of the whole.
+    whole = unscaled
+    if replicas > 1:
+      whole = tf.distribute.get_replica_context().all_reduce(
+          tf.distribute.ReduceOp.SUM, unscaled)
+    factors, grad_norm = optimization.clip_factors(
+        whole, variables, config.grad_clip_norm, config.agc_clip)
+    gradients = [g if f is None else g * f
+                 for g, f in zip(gradients, factors)]
+    if loss_scaled:
+      gradients = _skip_together(gradients, grad_norm)
+      # A step the loss scaler skips is not a divergence: its overflowed
+      # norm is left out of the peaks (the scale is in the progress line).
+      grad_norm = tf.where(tf.math.is_finite(grad_norm), grad_norm, 0.0)
+    kernels = [v for v in variables if len(v.shape) >= 2]
+    before = [tf.identity(v) for v in kernels]
+    optimizer.apply_gradients(zip(gradients, variables))
+    # Kernels only: the relative change of a scalar near zero (SkipInit's
+    # gain, Fixup's biases) says nothing about stability. Kernels that are
+    # exactly zero (Fixup's C2 at the start) have no ratio; they count as 0.
+    update_ratio = tf.reduce_max(tf.stack([
+        tf.math.divide_no_nan(tf.norm(v - b), tf.norm(b))
+        for v, b in zip(kernels, before)]))
+    rms = [tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
+                                                    tf.float32))))
+           for name in names]
+    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                               labels), tf.float32)
+    sums = tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
+                     tf.cast(tf.size(labels), tf.float32)])
+    return sums, tf.stack([grad_norm, update_ratio, *rms])
+  return replica_step
+
+
+def _skip_together(gradients, whole_norm):
+  """GRADIENTS (one replica's), made non-finite when the whole batch's
+  gradient norm WHOLE_NORM is.
+
+  Keras's LossScaleOptimizer decides to skip a step from the gradients it
+  is given, expecting them already summed over the replicas; here each
+  replica hands it its own part. Without this, a step where only replica 1
+  overflowed is applied when replica 0's part is finite (with clipping on,
+  the sum then carries 0 * inf = NaN into the weights), and under
+  strategies without merge calls the replicas would take different
+  branches. The whole norm is the same on every replica.
+  """
+  finite = tf.math.is_finite(whole_norm)
+  return [tf.where(finite, g, tf.constant(np.inf, g.dtype))
+          for g in gradients]
+
+
 def make_train_step(strategy, model, optimizer, config):
   """The training step of `train`: a tf.function (iterator, num_steps) -> dict.
 
@@ -68,61 +141,14 @@ def make_train_step(strategy, model, optimizer, config):
   parameter_server); bin/benchmark times it.
   """
   probe = model_lib.activation_probe(model)
-  names = list(probe.output.keys())
-  variables = model.trainable_variables
-  # With several replicas in sync each one holds a part of the gradient; the
-  # clipping factors and the reported norm are those of the whole.
-  replicas = strategy.num_replicas_in_sync
-  # mixed_float16: Keras's dynamic loss scaling. The loss is multiplied by
-  # a power of two before the backward pass; the optimizer divides it out,
-  # and skips the step (halving the scale) when a gradient overflowed.
-  loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-  forward_backward = _forward_backward(model, probe, optimizer, config,
-                                       loss_scaled)
-
-  def replica_step(images, labels):
-    activations, logits, per_example, gradients = forward_backward(images,
-                                                                   labels)
-    unscaled = gradients
-    if loss_scaled:
-      # Clipping, AGC and the diagnostics see the true gradient (dividing
-      # by a power of two is exact); the optimizer gets the scaled one.
-      inverse = 1.0 / optimizer.dynamic_scale
-      unscaled = [g * inverse for g in gradients]
-    whole = unscaled
-    if replicas > 1:
-      whole = tf.distribute.get_replica_context().all_reduce(
-          tf.distribute.ReduceOp.SUM, unscaled)
-    factors, grad_norm = optimization.clip_factors(
-        whole, variables, config.grad_clip_norm, config.agc_clip)
-    if loss_scaled:
-      # A step the loss scaler skips is not a divergence: its overflowed
-      # norm is left out of the peaks (the scale is in the progress line).
-      grad_norm = tf.where(tf.math.is_finite(grad_norm), grad_norm, 0.0)
-    gradients = [g if f is None else g * f
-                 for g, f in zip(gradients, factors)]
-    kernels = [v for v in variables if len(v.shape) >= 2]
-    before = [tf.identity(v) for v in kernels]
-    optimizer.apply_gradients(zip(gradients, variables))
-    # Kernels only: the relative change of a scalar near zero (SkipInit's
-    # gain, Fixup's biases) says nothing about stability. Kernels that are
-    # exactly zero (Fixup's C2 at the start) have no ratio; they count as 0.
-    update_ratio = tf.reduce_max(tf.stack([
-        tf.math.divide_no_nan(tf.norm(v - b), tf.norm(b))
-        for v, b in zip(kernels, before)]))
-    rms = [tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
-                                                    tf.float32))))
-           for name in names]
-    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
-                               labels), tf.float32)
-    sums = tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
-                     tf.cast(tf.size(labels), tf.float32)])
-    return sums, tf.stack([grad_norm, update_ratio, *rms])
+  num_watched = len(probe.output)
+  replica_step = _replica_step(model, probe, optimizer, config,
+                               strategy.num_replicas_in_sync)
 
   @tf.function
   def train_steps(iterator, num_steps):
     sums = tf.zeros([3])
-    peaks = tf.fill([2 + len(names)], -np.inf)
+    peaks = tf.fill([2 + num_watched], -np.inf)
     first = tf.constant([-1, -1], tf.int64)
     for _ in tf.range(num_steps):
       step = tf.cast(optimizer.iterations, tf.int64) + 1

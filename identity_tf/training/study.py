@@ -9,6 +9,7 @@ with the step of its first NaN, not retried. `collect` reads what the runs
 wrote (TensorBoard scalars and each run's study.json) and `write_report`
 turns it into results.json, results.md (a markdown table) and curves.png
 (training loss and test top-1 against the step, one line per arm).
+`study_command` is what //bin:study does with them.
 
 The budget scales the presets' schedules: with T = epochs x steps per epoch
 and T0 the preset's train_steps, every learning-rate boundary b becomes
@@ -23,7 +24,9 @@ import os
 
 import numpy as np
 
+from identity_tf import cli
 from identity_tf import configs
+from identity_tf.training import run as run_lib
 
 RUN_FILE = "study.json"  # Per run: status, step of the NaN, wall time.
 RESULTS_JSON = "results.json"
@@ -43,25 +46,24 @@ def run_config(arm, seed, *, dataset, epochs, num_train_examples,
   """The `configs.Config` of ARM's run with SEED on DATASET for EPOCHS.
 
   The preset's learning-rate boundaries are scaled to the budget; the run
-  evaluates and checkpoints once per epoch (of NUM_TRAIN_EXAMPLES). WIDTH
-  None keeps the preset's.
+  evaluates and checkpoints once per epoch (of NUM_TRAIN_EXAMPLES, the
+  dataset's, as `run.steps_per_epoch` counts it for the run). WIDTH None
+  keeps the preset's. The arm's own overrides come last: they win.
   """
   base = configs.PRESETS[arm.preset]
-  batch_size = dict(arm.overrides).get("batch_size", base.batch_size)
-  steps_per_epoch = num_train_examples / batch_size
+  arm_overrides = dict(arm.overrides)
+  config = configs.override(base, **{"dataset": dataset, "seed": seed,
+                                     "width": width, **arm_overrides})
+  steps_per_epoch = run_lib.steps_per_epoch(config, num_train_examples)
   steps = max(1, math.ceil(epochs * steps_per_epoch))
   scale = steps / base.train_steps
   boundaries = tuple(max(1, round(b * scale)) for b in base.lr_boundaries)
   epoch = max(1, round(steps_per_epoch))
-  overrides = dict(train_steps=steps, lr_boundaries=boundaries,
-                   eval_steps=epoch, checkpoint_steps=epoch,
-                   log_steps=min(base.log_steps, epoch),
-                   steps_per_loop=min(base.steps_per_loop, epoch),
-                   dataset=dataset, seed=seed, eval_at_end=True)
-  if width is not None:
-    overrides["width"] = width
-  overrides.update(dict(arm.overrides))
-  return configs.override(base, **overrides)
+  return configs.override(config, **{
+      "train_steps": steps, "lr_boundaries": boundaries, "eval_steps": epoch,
+      "checkpoint_steps": epoch, "log_steps": min(base.log_steps, epoch),
+      "steps_per_loop": min(base.steps_per_loop, epoch),
+      "eval_at_end": True, **arm_overrides})
 
 
 def read_run_file(model_dir):
@@ -230,12 +232,13 @@ def collect(study, output_dir, arms=None, seeds=None):
   return results
 
 
-def _minutes_to(runs, level):
-  """'12.3' (mean over the runs that reached LEVEL, estimated undisturbed
-  minutes), with how many did when not all; '--' if none."""
+def _minutes_to(runs, level, key):
+  """'12.3': the mean over the runs that reached LEVEL of their KEY
+  ("wall_seconds": the training time it took; "estimated_seconds": what it
+  takes undisturbed) in minutes, with how many when not all; '--' if
+  none."""
   times = [r["time_to_top1"][str(level)] for r in runs]
-  minutes = [t["estimated_seconds"] / 60 for t in times
-             if t and t.get("estimated_seconds") is not None]
+  minutes = [t[key] / 60 for t in times if t and t.get(key) is not None]
   if not minutes:
     return "--"
   text = f"{np.mean(minutes):.1f}"
@@ -267,8 +270,8 @@ def markdown_table(results):
   lines = [
       "| configuration | what | seeds | final test top-1 (%) | best test "
       f"top-1 (%) | NaN at step | wall time | images/s | minutes to "
-      f"{levels} % |",
-      "|---|---|---|---|---|---|---|---|---|",
+      f"{levels} %: wall | undisturbed |",
+      "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for arm in results["arms"]:
     runs = arm["runs"]
@@ -290,8 +293,9 @@ def markdown_table(results):
         f"{', '.join(str(r['seed']) for r in runs)} | "
         f"{_summary([r['final_top1'] for r in runs])} | "
         f"{_summary([r['best_top1'] for r in runs])} | "
-        f"{', '.join(nan) or 'none'} | {wall} | {rates} | "
-        f"{' / '.join(_minutes_to(runs, level) for level in TOP1_LEVELS)} |")
+        f"{', '.join(nan) or 'none'} | {wall} | {rates} | " + " | ".join(
+            " / ".join(_minutes_to(runs, level, key) for level in TOP1_LEVELS)
+            for key in ("wall_seconds", "estimated_seconds")) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -358,3 +362,30 @@ def write_report(results, output_dir):
     f.write("\n" + markdown_table(results))
   plot_curves(results, paths[CURVES_PNG])
   return paths
+
+
+def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
+                  width=None, arms=None, seeds=None, report_only=False,
+                  echo=cli.print_stderr, result=print):
+  """What //bin:study does: trains the runs of study NAME (`configs.STUDIES`)
+  that have not finished -- none with REPORT_ONLY -- and writes the report
+  into OUTPUT_DIR (`write_report`), whose paths go to RESULT.
+
+  ECHO receives the progress (`run_study`). SIGTERM or Ctrl-C stops the
+  study with one line and the signal's exit status once the current run has
+  written a checkpoint: the same command resumes it.
+  """
+  from identity_tf.training import preemption  # pylint: disable=g-import-not-at-top
+  study = configs.STUDIES[name]
+  try:
+    if report_only:
+      results = collect(study, output_dir, arms=arms, seeds=seeds)
+    else:
+      results = run_study(study, output_dir, dataset=dataset, epochs=epochs,
+                          data_dir=data_dir, width=width, arms=arms,
+                          seeds=seeds, echo=echo)
+  except preemption.PreemptedError as e:
+    cli.exit_with(f"study stopped: {e}", e.exit_code)
+  results.update(dataset=dataset, epochs=epochs, width=width)
+  for path in write_report(results, output_dir).values():
+    result(path)

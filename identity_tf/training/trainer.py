@@ -1,6 +1,6 @@
 """Training: one tf.distribute loop for the paper's networks.
 
-`train(config, model_dir)` resolves the run (`run.resolve`), takes the
+`train(config, model_dir)` resolves the run once (`resolve`), takes the
 model_dir (`checkpoints.lock`), restores the newest intact checkpoint and
 runs `_loop`, which reads top to bottom: run steps, report, save, evaluate.
 What the loop does with the model, the optimizer, the input and the
@@ -23,7 +23,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from identity_tf import model as model_lib
 from identity_tf.data import pipeline
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
@@ -36,12 +35,6 @@ from identity_tf.training import optimization
 from identity_tf.training import preemption
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
-
-
-def build_model(run):
-  """RUN's network (`model.build_model` with the run's options)."""
-  return model_lib.build_model(run.model_name, **run.numerics,
-                               **run.model_options)
 
 
 def build_optimizer(run):
@@ -71,7 +64,7 @@ class Trainer:
     self._coordinator = coordinator
     self._dataset_fn = dataset_fn
     with strategy.scope():
-      self.model = build_model(run)
+      self.model = checkpoints.build_model(run)
       self.optimizer = build_optimizer(run)
       self.optimizer.build(self.model.trainable_variables)
     self.watched = diagnostics.watched_activations(self.model)
@@ -178,7 +171,11 @@ class Trainer:
     if not (saved_iterator and isinstance(self.iterator, tf.data.Iterator)):
       return False
     try:
-      self._checkpoint().restore(path).assert_existing_objects_matched()
+      # expect_partial: when the iterator does not fit, the values left
+      # unrestored are not worth TensorFlow's warning -- the fallback below
+      # restores model and optimizer again and says why.
+      self._checkpoint().restore(path).expect_partial(
+      ).assert_existing_objects_matched()
       return True
     except tf.errors.DataLossError as e:
       # Bytes that fail their checksum: a damaged checkpoint (with its
@@ -232,10 +229,10 @@ class Trainer:
     if self._evaluator is None:
       config = self.config
       self._evaluator = evaluation.make_evaluator(
-          self.model, config.dataset, data_dir=self.run.data_dir,
+          self.model, config.dataset, self.run.dataset,
+          self.run.preprocessing, data_dir=self.run.data_dir,
           batch_size=config.eval_batch_size,
-          num_examples=config.num_eval_examples,
-          preprocessing=self.run.preprocessing, info=self.run.dataset)
+          num_examples=config.num_eval_examples)
     return self._evaluator()
 
   def scalars(self, record):
@@ -264,6 +261,20 @@ def merge_outputs(outputs):
           "peaks": np.max([o["peaks"] for o in outputs], axis=0),
           "first_nonfinite": (min(bad, key=lambda b: b[0]) if bad
                               else np.array([-1, -1]))}
+
+
+def resolve(config, model_dir, strategy, *, data_dir=None, info=None):
+  """The `run.Run` of CONFIG in MODEL_DIR as it trains under STRATEGY:
+  `run.resolve` with the strategy's replicas in sync, which must divide the
+  global batch.
+
+  INFO: the dataset's `datasets.DatasetInfo` (default: the prepared
+  dataset's in DATA_DIR -- one that is not prepared stops the run here,
+  before anything is written to MODEL_DIR).
+  """
+  info = info or tfds_data.prepared_info(config.dataset, data_dir)
+  return run_lib.resolve(config, info, model_dir, data_dir,
+                         replicas=strategy.num_replicas_in_sync)
 
 
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
@@ -323,12 +334,10 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
         strategy)
-  # A dataset that is not prepared stops the run here, before anything is
-  # written to model_dir.
-  info = (tfds_data.dataset_info(config.dataset, data_dir) if dataset_fn
-          else tfds_data.prepared_info(config.dataset, data_dir))
-  run = run_lib.resolve(config, info, model_dir, data_dir,
-                        replicas=strategy.num_replicas_in_sync)
+  # DATASET_FN replaces the data: only the dataset's metadata is needed.
+  run = resolve(config, model_dir, strategy, data_dir=data_dir,
+                info=(tfds_data.dataset_info(config.dataset, data_dir)
+                      if dataset_fn else None))
   trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
   if not distribute.is_chief():
     return _train(Trainer(run, strategy, chief=False, **trainer_options),
@@ -360,6 +369,9 @@ def _train(trainer, echo):
     # Shown once the run can start: an error before it is one line alone.
     echo(json.dumps(run.description(model_dir=run.model_dir), indent=2,
                     sort_keys=True))
+    note = distribute.precision_note(run.config.precision)
+    if note:
+      echo(note)
   with metrics.MetricsWriter(run.model_dir, echo,
                              enabled=trainer.chief) as writer:
     writer.start(trainer.step)
