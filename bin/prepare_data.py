@@ -24,16 +24,14 @@ from absl import flags
 from identity_tf import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("dataset", None,
-                    "The TFDS dataset to prepare, e.g. fashion_mnist, "
-                    "cifar10, mnist, svhn_cropped, imagenet2012.")
+cli.define_dataset(use="The one to prepare (synthetic needs none), e.g. "
+                   "mnist, svhn_cropped, imagenet2012.", required=True)
 cli.define_data_dir()
 flags.DEFINE_string("source_dir", None,
                     "A directory holding the files the dataset downloads "
                     "(same names); nothing is downloaded. Default: Debian's "
                     "package directory where one installs them "
                     "(fashion_mnist: /usr/share/datasets/fashion-mnist).")
-flags.mark_flag_as_required("dataset")
 
 
 def main(argv):

@@ -348,6 +348,12 @@ def validate(config):
     value = getattr(config, field.name)
     if isinstance(value, float) and not math.isfinite(value):
       raise ValueError(f"--{field.name} must be a finite number, got {value}")
+  # The seed reaches NumPy's generator (keras.utils.set_random_seed), which
+  # takes 32-bit seeds only: refused here, naming the flag, before
+  # TensorFlow loads.
+  if not 0 <= config.seed < 2**32:
+    raise ValueError(f"--seed={config.seed}: must be between 0 and "
+                     "2**32 - 1")
   def one_of(name, valid, optional=False):
     value = getattr(config, name)
     if value not in valid and not (optional and value is None):

@@ -416,14 +416,16 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
       tfds_data.prepare("fashion_mnist", data_dir, source_dir=incomplete + "/absent")
 
   def test_a_failed_preparation_does_not_poison_the_data_dir(self):
-    # A file cut short inside a valid gzip: TFDS's parser fails on it.
+    # A file cut short inside a valid gzip: its idx header (magic, count,
+    # rows, columns: 16 bytes) promises count x 28 x 28 pixels.
     truncated = os.path.join(self.create_tempdir().full_path, "raw")
     shutil.copytree(self.fashion_raw, truncated)
     name = testing.FASHION_FILES["test"][0]
     with gzip.open(os.path.join(self.fashion_raw, name)) as f:
       content = f.read()
+    kept = len(content) // 2
     with gzip.open(os.path.join(truncated, name), "wb") as f:
-      f.write(content[:len(content) // 2])
+      f.write(content[:kept])
     data_dir = self.create_tempdir().full_path
     with testing.fewer_mnist_examples(FASHION_COUNTS):
       with self.assertRaises(ValueError) as caught:
@@ -431,18 +433,63 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
                           echo=lambda line: None)
       message = str(caught.exception)
       self.assertNotIn("\n", message)
-      self.assertIn(f"check the files it read from {truncated} (", message)
-      self.assertIn(name, message)
-      # Nothing of the attempt is left to be reused...
-      downloads = os.path.join(data_dir, "downloads")
-      self.assertEqual(os.listdir(downloads) if os.path.isdir(downloads)
-                       else [], [])
+      pixels = FASHION_COUNTS["test"] * 28 * 28
+      self.assertTrue(message.startswith(
+          f"{os.path.join(truncated, name)} is cut short: its header "
+          f"describes {FASHION_COUNTS['test']} x 28 x 28 values ({pixels} "
+          f"bytes after the header), but only {kept - 16} follow it; "
+          "replace it with an intact copy (fashion_mnist downloads it "
+          "from http"), message)
+      # Nothing of the attempt is left, not even an empty directory...
+      self.assertEqual(os.listdir(data_dir), [])
       # ...so the good files prepare in the same data_dir.
       tfds_data.prepare("fashion_mnist", data_dir, source_dir=self.fashion_raw,
                         echo=lambda line: None)
     self.assertEqual(
         tfds_data.dataset_info("fashion_mnist", data_dir).num_eval_examples,
         FASHION_COUNTS["test"])
+
+  def test_idx_files_are_checked_against_their_header(self):
+    directory = self.create_tempdir().full_path
+    name = testing.FASHION_FILES["train"][1]  # Labels: magic 2049, count.
+    with gzip.open(os.path.join(self.fashion_raw, name)) as f:
+      content = f.read()
+    count = FASHION_COUNTS["train"]
+    cases = {
+        "whole": (content, None),
+        "one label more": (content + b"\x01", rf"^is longer than its header "
+                           rf"says: its header describes {count} values "
+                           rf"\({count} bytes after the header\), but "
+                           rf"{count + 1} follow it$"),
+        "header cut": (content[:6], "^is cut short inside its idx header$"),
+        "not idx": (b"<html>", "^is not an idx file: "),
+    }
+    for case, (data, expected) in cases.items():
+      path = os.path.join(directory, case.replace(" ", "_") + "-idx1-ubyte.gz")
+      with gzip.open(path, "wb") as f:
+        f.write(data)
+      problem = tfds_data.idx_problem(path)
+      if expected is None:
+        self.assertIsNone(problem, case)
+      else:
+        self.assertRegex(problem, expected, case)
+    # The gzip stream itself cut short.
+    with open(os.path.join(self.fashion_raw, name), "rb") as f:
+      compressed = f.read()
+    path = os.path.join(directory, "cut-idx1-ubyte.gz")
+    with open(path, "wb") as f:
+      f.write(compressed[:len(compressed) // 2])
+    self.assertRegex(tfds_data.idx_problem(path),
+                     r"^is not a complete gzip file \(")
+    # A data_dir that is a file is named as one; nothing is written.
+    a_file = os.path.join(directory, "a_file")
+    with open(a_file, "w") as f:
+      f.write("x")
+    with self.assertRaisesRegex(ValueError, f"^--data_dir={a_file} is a file, "
+                                "not a directory: pass --data_dir=DIR"):
+      tfds_data.prepare("fashion_mnist", a_file, source_dir=self.fashion_raw)
+    with open(a_file) as f:
+      self.assertEqual(f.read(), "x")
 
   def test_grayscale_is_padded_and_replicated_like_numpy_does(self):
     fashion = datasets.preprocessing_config(

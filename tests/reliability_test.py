@@ -1,11 +1,18 @@
 """Mistakes a user makes, and what is on disk after them: non-finite float
-flags, config.json's history, dry runs and commands that train nothing."""
+flags, a truncated dataset file, refusals before training starts, damaged
+checkpoints and input positions, config.json's history, dry runs and
+commands that train nothing."""
 
+import fcntl
+import gzip
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 from absl.testing import absltest
@@ -32,6 +39,41 @@ REQUIRED = {
 SMOKE = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
          "--log_steps=10", "--steps_per_loop=10", "--checkpoint_steps=10",
          "--num_eval_examples=100"]
+
+# What a binary logs about the machine rather than the command: TensorFlow's
+# native (C++) start-up log (CUDA, CPU features), printed before absl
+# initialises logging, so TF_CPP_MIN_LOG_LEVEL does not silence it; and
+# Matplotlib's (imported by Keras) when the home directory is not writable,
+# as under the test sandbox. Python's other warnings (absl's "W1125 ...
+# file.py:12] ...") are not in it.
+_MACHINE_LOG = re.compile(
+    r"(WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|[IWEF]\d{4} [\d:.]+\s+\d+ \w+\.cc:\d+\]"
+    r"|To enable the following instructions:"
+    r"|W\d{4} [\d:.]+\s+\d+ __init__\.py:\d+\] (mkdir -p failed for path "
+    r".*/matplotlib|Matplotlib created a temporary cache directory))")
+
+
+def _own_lines(result):
+  """The non-empty lines of a process's stderr but for `_MACHINE_LOG`: what
+  the command itself said."""
+  return [line for line in result.stderr.splitlines()
+          if line.strip() and not _MACHINE_LOG.match(line)]
+
+
+def _snapshot(directory):
+  """{relative path: SHA-256 of a file, or None for a directory} of
+  everything under DIRECTORY ({} if it does not exist)."""
+  entries = {}
+  for root, dirs, names in os.walk(directory):
+    for name in dirs:
+      entries[os.path.relpath(os.path.join(root, name), directory)] = None
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        entries[os.path.relpath(path, directory)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return entries
 
 
 def _float_flags(binary):
@@ -77,6 +119,25 @@ class FiniteFlagsTest(absltest.TestCase):
                  "train --cluster_timeout", "linear_theory --step_size"):
       self.assertIn(flag, checked)
 
+  def test_the_list_flags_of_numbers_refuse_nan_and_infinity(self):
+    # Comma-separated floats are parsed by the binaries, not by absl; small
+    # grids, so that a value let through would not run for long.
+    small = {"linear_theory": ["landscape", "--depths=2", "--starts=1",
+                               "--steps=1", "--d=2"],
+             "conjecture": ["--depths=2", "--widths=2", "--seeds=1",
+                            "--samples=8", "--steps=1"]}
+    flag_of = {"linear_theory": "taus", "conjecture": "init_norms"}
+    for binary, flag in flag_of.items():
+      results = testing.run_binaries(
+          binary, {value: [*small[binary], f"--{flag}={value}"]
+                   for value in ("nan", "0.1,inf")}, workers=2)
+      for value, result in results.items():
+        what = (binary, value, result.stderr[-1000:])
+        self.assertEqual(result.returncode, 1, what)
+        self.assertRegex(testing.last_stderr_line(result),
+                         rf"^error: --{flag} ", what)
+        self.assertNotIn("Traceback", result.stderr, what)
+
 
 class EarlySignalTest(testing.SharedRootTestCase):
 
@@ -103,6 +164,79 @@ class EarlySignalTest(testing.SharedRootTestCase):
                        what)
 
 
+def _run_with_fewer_mnist_records(counts, *args):
+  """bin/prepare_data.py with ARGS in a fresh interpreter, as `run_binary`
+  runs it, but with TFDS's MNIST builders reading COUNTS records
+  (`testing.fewer_mnist_examples`): the real ones read 60,000 + 10,000."""
+  binary = testing.binary_command("prepare_data")[1]
+  code = ("import runpy, sys\n"
+          "from tensorflow_datasets.image_classification import mnist\n"
+          f"mnist._TRAIN_EXAMPLES = {counts['train']}\n"
+          f"mnist._TEST_EXAMPLES = {counts['test']}\n"
+          f"sys.argv[0] = {binary!r}\n"
+          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+  return subprocess.run([sys.executable, "-c", code, *args],
+                        capture_output=True, text=True, timeout=600,
+                        env=testing.binary_env(), check=False)
+
+
+class PrepareDataTest(testing.SharedRootTestCase):
+
+  def test_a_file_cut_short_is_named_and_the_data_dir_left_as_it_was(self):
+    counts = {"train": 24, "test": 12}
+    good = os.path.join(self.root, "good")
+    testing.write_fashion_mnist_files(good, np.random.default_rng(0), counts)
+    # Cut short inside a valid gzip: only the idx header can tell.
+    truncated = os.path.join(self.root, "truncated")
+    shutil.copytree(good, truncated)
+    name = testing.FASHION_FILES["test"][0]
+    with gzip.open(os.path.join(good, name)) as f:
+      content = f.read()
+    kept = len(content) // 2
+    with gzip.open(os.path.join(truncated, name), "wb") as f:
+      f.write(content[:kept])
+    data_dir = os.path.join(self.root, "data")
+    os.makedirs(data_dir)
+    with open(os.path.join(data_dir, "notes.txt"), "w") as f:
+      f.write("what the user keeps here\n")
+    before = _snapshot(data_dir)
+    result = testing.run_binary("prepare_data", "--dataset=fashion_mnist",
+                                f"--data_dir={data_dir}",
+                                f"--source_dir={truncated}")
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    # The header (magic, count, rows, columns: 16 bytes) promises count x
+    # 28 x 28 pixels; what is left of the file follows it.
+    path = os.path.join(truncated, name)
+    named = [line for line in (result.stdout + result.stderr).splitlines()
+             if name in line]
+    self.assertEqual(named, [testing.last_stderr_line(result)])
+    self.assertTrue(named[0].startswith(
+        f"error: {path} is cut short: its header describes {counts['test']} "
+        f"x 28 x 28 values ({counts['test'] * 28 * 28} bytes after the "
+        f"header), but only {kept - 16} follow it; replace it with an "
+        "intact copy"), named[0])
+    self.assertNotIn("reshape", result.stderr)
+    self.assertEqual(_snapshot(data_dir), before)
+    # The same data_dir takes the good files.
+    result = _run_with_fewer_mnist_records(
+        counts, "--dataset=fashion_mnist", f"--data_dir={data_dir}",
+        f"--source_dir={good}")
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    after = _snapshot(data_dir)
+    self.assertEqual({k: after[k] for k in before}, before)
+    infos = [k for k in after
+             if re.fullmatch(r"fashion_mnist/[\d.]+/dataset_info\.json", k)]
+    self.assertLen(infos, 1)
+    with open(os.path.join(data_dir, infos[0])) as f:
+      splits = json.load(f)["splits"]
+    self.assertEqual({s["name"]: sum(map(int, s["shardLengths"]))
+                      for s in splits}, counts)
+    # Nothing else: the dataset, and the (empty) downloads directory.
+    self.assertEqual({k.split(os.sep)[0] for k in set(after) - set(before)},
+                     {"fashion_mnist", "downloads"})
+    self.assertEqual(os.listdir(os.path.join(data_dir, "downloads")), [])
+
+
 def _model_weights(prefix):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   reader = tf.train.load_checkpoint(prefix)
@@ -111,23 +245,62 @@ def _model_weights(prefix):
           if name.startswith("model/")}
 
 
-class DamagedInputPositionTest(testing.SharedRootTestCase):
+# Where a checkpoint of one replica keeps its input position.
+ITERATOR_STATE = "iterator/.ATTRIBUTES/ITERATOR_STATE"
+
+
+def _give_another_input_position(prefix):
+  """Rewrites checkpoint PREFIX with the input position of another pipeline
+  (a range dataset's iterator) instead of its own, every other tensor as it
+  was: the bytes pass TensorFlow's checksums, the position fits no
+  pipeline of ours."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(prefix)
+  names = sorted(name for name in reader.get_variable_to_shape_map()
+                 if name != ITERATOR_STATE)
+  other = iter(tf.data.Dataset.range(3))
+  next(other)
+  state = tf.raw_ops.SerializeIterator(
+      resource_handle=other._iterator_resource)  # pylint: disable=protected-access
+  tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names + [ITERATOR_STATE],
+                    shape_and_slices=[""] * (len(names) + 1),
+                    tensors=[reader.get_tensor(n) for n in names] + [state])
+
+
+def _damage(path):
+  """Overwrites bytes in the middle of PATH (its digest no longer fits)."""
+  with open(path, "r+b") as f:
+    f.seek(1000)
+    f.write(b"\0" * 100)
+
+
+class OneRunTest(testing.SharedRootTestCase):
+  """What a mistake does to a run: each test takes a copy of one tiny
+  deterministic run of 20 steps (checkpoints at 10 and 20)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.run_dir = os.path.join(cls.root, "run")
+    testing.run_binary("train", f"--model_dir={cls.run_dir}", *SMOKE,
+                       "--deterministic", "--noeval_at_end",
+                       "--train_steps=20", check=True)
+
+  def _copy(self, name):
+    model_dir = os.path.join(self.root, name)
+    shutil.copytree(self.run_dir, model_dir)
+    return model_dir
 
   def test_a_damaged_input_position_without_digest_falls_back(self):
-    model_dir = os.path.join(self.root, "position")
-    run = [f"--model_dir={model_dir}", *SMOKE, "--deterministic",
-           "--noeval_at_end"]
-    testing.run_binary("train", *run, "--train_steps=20", check=True)
+    model_dir = self._copy("position")
     prefix = os.path.join(model_dir, "ckpt-20")
     expected = _model_weights(prefix)
     # The digest gone, bytes of the saved input position (the first entry
     # of the data file) overwritten: only TensorFlow's checksum sees it.
     os.remove(prefix + ".sha256")
-    with open(prefix + ".data-00000-of-00001", "r+b") as f:
-      f.seek(1000)
-      f.write(b"\0" * 100)
-    result = testing.run_binary("train", *run, "--train_steps=20",
-                                check=True)
+    _damage(prefix + ".data-00000-of-00001")
+    result = testing.run_binary("train", f"--model_dir={model_dir}",
+                                "--train_steps=20", check=True)
     self.assertIn("ckpt-20 is damaged: its saved input position fails its "
                   "checksum", result.stderr)
     self.assertIn("resumed from " + os.path.join(model_dir, "ckpt-10"),
@@ -138,6 +311,109 @@ class DamagedInputPositionTest(testing.SharedRootTestCase):
     self.assertEqual(sorted(again), sorted(expected))
     for name, value in expected.items():
       np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+  def test_an_input_position_that_does_not_fit_is_replayed(self):
+    model_dir = self._copy("replayed")
+    expected = _model_weights(os.path.join(model_dir, "ckpt-20"))
+    # Stopped before its checkpoint of step 20, ckpt-10 holding a position
+    # this pipeline cannot restore (as one of an older version may); no
+    # digest, as checkpoints written before digests existed.
+    for name in os.listdir(model_dir):
+      if name.startswith("ckpt-20."):
+        os.remove(os.path.join(model_dir, name))
+    prefix = os.path.join(model_dir, "ckpt-10")
+    _give_another_input_position(prefix)
+    os.remove(prefix + ".sha256")
+    result = testing.run_binary("train", f"--model_dir={model_dir}",
+                                "--train_steps=20", check=True)
+    self.assertRegex(result.stderr, rf"the input position in "
+                     rf"{re.escape(prefix)} does not fit this input pipeline "
+                     r"\(.*\); replaying the input instead")
+    self.assertIn(f"resumed from {prefix} at step 10", result.stderr)
+    self.assertNotIn("damaged", result.stderr)
+    # Started at step 10, the input yields what the uninterrupted run's did:
+    # the same weights at step 20.
+    again = _model_weights(os.path.join(model_dir, "ckpt-20"))
+    self.assertEqual(sorted(again), sorted(expected))
+    for name, value in expected.items():
+      np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+  def test_a_refusal_before_training_is_its_one_line_alone(self):
+    no_data = os.path.join(self.root, "no_data")
+    os.makedirs(no_data)
+    where = re.escape(no_data)
+    missing = (rf"^error: dataset fashion_mnist is not prepared in "
+               rf"--data_dir={where} \(no fashion_mnist/[\d.]+ in it\): "
+               rf".*--dataset=fashion_mnist --data_dir={where}\b")
+    locked = self._copy("locked")
+    tpu = self._copy("tpu")
+    # A run of a dataset that is not prepared where it resumes (say, moved
+    # to another machine).
+    moved = self._copy("moved")
+    with open(os.path.join(moved, "config.json")) as f:
+      description = json.load(f)
+    description["config"]["dataset"] = "fashion_mnist"
+    with open(os.path.join(moved, "config.json"), "w") as f:
+      json.dump(description, f)
+    holder = f"pid {os.getpid()} on the test"
+    cases = {
+        # Another training holds the model_dir (this process, here).
+        "lock": ([f"--model_dir={locked}", "--train_steps=30"], locked,
+                 rf"^error: --model_dir={re.escape(locked)} is in use by "
+                 rf"another training \({holder}\); .*use another "
+                 "--model_dir$"),
+        "tpu": ([f"--model_dir={tpu}", "--train_steps=30",
+                 "--strategy=tpu"], tpu,
+                r"^error: --strategy=tpu found no TPU .*--tpu="),
+        "new run, no data": (
+            [f"--model_dir={self.root}/fresh", *SMOKE,
+             "--dataset=fashion_mnist", f"--data_dir={no_data}"],
+            f"{self.root}/fresh", missing),
+        "resumed run, no data": (
+            [f"--model_dir={moved}", "--train_steps=30",
+             f"--data_dir={no_data}"], moved, missing),
+    }
+    with open(os.path.join(locked, ".train.lock"), "a+") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      lock.seek(0)
+      lock.truncate()
+      lock.write(holder + "\n")
+      lock.flush()
+      before = {key: _snapshot(model_dir)
+                for key, (_, model_dir, _) in cases.items()}
+      results = testing.run_binaries(
+          "train", {key: args for key, (args, _, _) in cases.items()},
+          workers=2)
+    for key, (_, model_dir, pattern) in cases.items():
+      result = results[key]
+      what = (key, result.stderr[-2000:])
+      self.assertEqual(result.returncode, 1, what)
+      # The error alone: no configuration before it, no TFDS warning.
+      lines = _own_lines(result)
+      self.assertLen(lines, 1, what)
+      self.assertRegex(lines[0], pattern, what)
+      self.assertEqual(result.stdout, "", what)
+      self.assertEqual(_snapshot(model_dir), before[key], key)
+    self.assertFalse(os.path.exists(os.path.join(self.root, "fresh")))
+    self.assertEqual(os.listdir(no_data), [])
+
+  def test_an_export_with_every_checkpoint_damaged_exports_nothing(self):
+    model_dir = self._copy("all_damaged")
+    for step in (10, 20):
+      _damage(os.path.join(model_dir, f"ckpt-{step}.data-00000-of-00001"))
+    before = _snapshot(model_dir)
+    export_dir = os.path.join(self.root, "exported")
+    result = testing.run_binary("export", f"--model_dir={model_dir}",
+                                f"--export_dir={export_dir}")
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    lines = _own_lines(result)
+    self.assertLen(lines, 1, result.stderr[-2000:])
+    self.assertRegex(lines[0], rf"^error: no intact checkpoint in "
+                     rf"--model_dir={re.escape(model_dir)}: ckpt-20: .*; "
+                     "ckpt-10: ")
+    self.assertEqual(result.stdout, "")
+    self.assertFalse(os.path.exists(export_dir))
+    self.assertEqual(_snapshot(model_dir), before)
 
 
 class OneRightLineTest(testing.SharedRootTestCase):
@@ -159,7 +435,7 @@ class OneRightLineTest(testing.SharedRootTestCase):
     cases = [
         (["linear_theory", "factorize", f"--R={singular}", "--layers=3",
           f"--output={root}/a.npz"],
-         r"^error: .*R is singular \(det R = 0\).*give an invertible R"),
+         rf"^error: --R={singular}: R is singular.*; give a full-rank R"),
         (["linear_theory", "factorize", f"--R={text}", "--layers=3",
           f"--output={root}/a.npz"],
          rf"^error: --R={text} is not a \.npy file .*numpy\.save"),
@@ -167,9 +443,17 @@ class OneRightLineTest(testing.SharedRootTestCase):
          rf"^error: --data={text} is not an \.npz archive .*numpy\.savez"),
         (["construct", "--dataset=synthetic", "--num_examples=10",
           "--seed=-1", f"--output_dir={root}/c"], r"--seed=-1"),
+        # Not "prepare it into that path": a file cannot hold a dataset.
         (["train", *SMOKE, "--dataset=fashion_mnist", f"--data_dir={a_file}",
           f"--model_dir={root}/t"],
-         rf"^error: .*--data_dir={a_file} \(a file, not a directory\)"),
+         rf"^error: --data_dir={a_file} is a file, not a directory: pass "
+         rf"--data_dir=DIR (?!.*{a_file}).*prepare_data.* "
+         r"--dataset=fashion_mnist --data_dir=DIR"),
+        # NumPy's generator takes 32-bit seeds; said before TensorFlow loads.
+        (["train", "--seed=-1", f"--model_dir={root}/s"],
+         r"^error: --seed=-1: must be between 0 and 2\*\*32 - 1$"),
+        (["train", f"--seed={2**32}", f"--model_dir={root}/s"],
+         rf"^error: --seed={2**32}: must be between 0 and 2\*\*32 - 1$"),
         (["evaluate", f"--model_dir={empty}"], no_run),
         (["export", f"--model_dir={empty}", f"--export_dir={root}/e"], no_run),
         (["sharpness", f"--model_dir={empty}"], no_run),
@@ -183,9 +467,29 @@ class OneRightLineTest(testing.SharedRootTestCase):
       line = next(l for l in result.stderr.strip().splitlines()[::-1]
                   if not l.startswith("Pass --help"))
       self.assertRegex(line, pattern, (binary, args))
-    for name in ("a.npz", "c", "t", "e"):
+      if binary == "train":  # The line alone, nothing (of TFDS's) before it.
+        self.assertEqual(_own_lines(result), [line], args)
+        if any(arg.startswith("--seed=") for arg in args):
+          self.assertEqual(result.stderr.strip(), line)  # Not even TF's log.
+    for name in ("a.npz", "c", "t", "e", "s"):
       self.assertFalse(os.path.exists(os.path.join(root, name)), name)
     self.assertEqual(os.listdir(empty), [])
+
+
+def _history(applied):
+  """config.json's history as the configurations that applied from each
+  step (APPLIED: {step: config}) make it: for each step after the first, the
+  fields whose value differs from the configuration before, as [before,
+  after]; none for a step where nothing differs."""
+  steps = sorted(applied)
+  history = []
+  for before, step in zip(steps, steps[1:]):
+    changed = {name: [applied[before][name], value]
+               for name, value in applied[step].items()
+               if applied[before][name] != value}
+    if changed:
+      history.append({"step": step, "changed": changed})
+  return history
 
 
 class ConfigHistoryTest(testing.SharedRootTestCase):
@@ -202,20 +506,37 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
     with open(os.path.join(model_dir, "config.json")) as f:
       return f.read()
 
-  def test_a_change_on_resume_is_recorded_with_its_step(self):
+  def test_history_has_each_change_from_its_step_and_undone_ones_vanish(self):
     model_dir = os.path.join(self.root, "history")
-    self._train(model_dir, "--train_steps=20", "--lr_schedule=constant",
-                "--learning_rate=0.01")
-    self._train(model_dir, "--train_steps=30", "--learning_rate=0.02")
-    self._train(model_dir, "--train_steps=40")
-    stored = json.loads(self._config_json(model_dir))
-    self.assertEqual(stored["config"]["learning_rate"], 0.02)
-    self.assertEqual(stored["config"]["train_steps"], 40)
+    self._train(model_dir, "--train_steps=10", "--lr_schedule=constant",
+                "--learning_rate=0.01", "--noeval_at_end")
+    first = json.loads(self._config_json(model_dir))
+    self.assertNotIn("history", first)
+    applied = {0: first["config"]}  # The configuration from each step on.
+    decay = first["config"]["weight_decay"]
+    # From step 10 the run goes to 30, then is killed before its checkpoint
+    # of step 30 (no checkpoint on the way out) and resumes at step 20,
+    # again and again with other flags.
+    for step, flags, changes in [
+        (10, ["--train_steps=30", "--learning_rate=0.02"],
+         {"train_steps": 30, "learning_rate": 0.02}),
+        # Back to the first rate, but from another step: an entry of its own.
+        (20, ["--learning_rate=0.01", "--weight_decay=0.001"],
+         {"learning_rate": 0.01, "weight_decay": 0.001}),
+        (20, ["--learning_rate=0.02"], {"learning_rate": 0.02}),  # Undone.
+        (20, [f"--weight_decay={decay}"], {"weight_decay": decay}),  # All.
+    ]:
+      self._train(model_dir, *flags)
+      for name in os.listdir(model_dir):
+        if name.startswith("ckpt-30."):
+          os.remove(os.path.join(model_dir, name))
+      applied[step] = {**applied[max(applied)], **changes}
+      stored = json.loads(self._config_json(model_dir))
+      self.assertEqual(stored["config"], applied[step], flags)
+      self.assertEqual(stored["history"], _history(applied), flags)
     self.assertEqual(stored["history"], [
-        {"step": 20, "changed": {"learning_rate": [0.01, 0.02],
-                                 "train_steps": [20, 30]}},
-        {"step": 30, "changed": {"train_steps": [30, 40]}},
-    ])
+        {"step": 10, "changed": {"learning_rate": [0.01, 0.02],
+                                 "train_steps": [10, 30]}}])
 
   def test_a_command_that_trains_nothing_changes_nothing(self):
     model_dir = os.path.join(self.root, "nothing")

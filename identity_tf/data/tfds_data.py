@@ -10,9 +10,14 @@ Nothing here reads or writes the home directory's caches or goes online
 except `prepare`'s download.
 """
 
+import gzip
+import math
 import os
+import re
 import shutil
+import struct
 import tempfile
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -52,6 +57,15 @@ def _builder(name, data_dir):
         "https://www.tensorflow.org/datasets/catalog)") from None
 
 
+def _is_prepared(builder):
+  """`builder.is_prepared()`, without the warning TFDS logs for every
+  directory that holds no prepared copy: an unprepared dataset gets one
+  line, ours (`DatasetNotReadyError`), and no TFDS line before it."""
+  info_file = (builder.data_path /
+               tfds_module().core.constants.DATASET_INFO_FILENAME)
+  return info_file.exists() and builder.is_prepared()
+
+
 def info_from_builder(builder):
   """The `DatasetInfo` of a TFDS builder, prepared or not.
 
@@ -74,7 +88,7 @@ def info_from_builder(builder):
     raise ValueError(
         f"dataset {name!r} has {shape[-1]}-channel images; training reads "
         "grayscale (1) or RGB (3)")
-  splits = builder.info.splits if builder.is_prepared() else {}
+  splits = builder.info.splits if _is_prepared(builder) else {}
   # The held-out split: "validation" where a dataset has one (ImageNet's
   # "test" has no labels), else "test" (CIFAR, MNIST, SVHN).
   eval_split = next((s for s in ("validation", "test") if s in splits), None)
@@ -136,10 +150,24 @@ def _how_to_prepare(name, data_dir):
           "directory here")
 
 
+def _where(data_dir, given):
+  return (f"--data_dir={data_dir}" if given else
+          f"{data_dir} (TFDS's default; --data_dir not set)")
+
+
+def _data_dir_is_a_file(name, data_dir, given):
+  """One line for a data directory that is a file: preparing "into" it
+  cannot work, so the fix is another path, not the usual prepare_data."""
+  return (f"{_where(data_dir, given)} is a file, not a directory: pass "
+          f"--data_dir=DIR with a directory, one where {name} is prepared "
+          "or a new one to prepare it into ('"
+          + cli.command("prepare_data", f"--dataset={name} --data_dir=DIR")
+          + "')")
+
+
 def _not_ready_message(name, data_dir, given, problem):
   """One line: what is missing where, and how to prepare it."""
-  where = (f"--data_dir={data_dir}" if given else
-           f"{data_dir} (TFDS's default; --data_dir not set)")
+  where = _where(data_dir, given)
   return (f"dataset {name} is not prepared in {where} ({problem}): "
           f"{_how_to_prepare(name, data_dir)}, or pass --data_dir pointing "
           f"to a prepared copy (or use --dataset={datasets.SYNTHETIC})")
@@ -162,11 +190,12 @@ def prepared_builder(name, data_dir, split=None):
   data_dir = os.fspath(data_dir) if given else tfds.core.constants.DATA_DIR
   builder = _builder(name, data_dir)
   if not tf.io.gfile.isdir(data_dir):
+    if tf.io.gfile.exists(data_dir):
+      raise DatasetNotReadyError(_data_dir_is_a_file(name, data_dir, given))
     raise DatasetNotReadyError(_not_ready_message(
-        name, data_dir, given, "a file, not a directory"
-        if tf.io.gfile.exists(data_dir) else "no such directory"))
+        name, data_dir, given, "no such directory"))
   try:
-    prepared = builder.is_prepared()
+    prepared = _is_prepared(builder)
   except Exception as e:  # pylint: disable=broad-except
     # Whatever TFDS raises for an unreadable directory becomes the one-line
     # error the contract promises.
@@ -191,6 +220,51 @@ def manual_dir(data_dir):
 IMAGENET_ARCHIVES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
 
 
+# Files in the idx format (yann.lecun.com/exdb/mnist): those of MNIST,
+# Fashion-MNIST and KMNIST. Their header says exactly how long they are, so
+# a file cut short is named before TFDS fails on it with a reshape error.
+_IDX_NAME = re.compile(r"-idx\d+-ubyte(\.gz)?$")
+# Bytes per element of each idx element type (the magic number's third byte).
+_IDX_ELEMENT_BYTES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
+
+
+def idx_problem(path):
+  """What makes idx file PATH (gzipped if it ends in .gz) unusable, or None.
+
+  An idx file is two zero bytes, the element type, the number of
+  dimensions n, n big-endian uint32 sizes, then the elements: its length
+  is exactly what its header says. Returns a phrase that follows the file's
+  name: "is cut short: ...", "is not an idx file: ...", ...
+  """
+  opener = gzip.open if path.endswith(".gz") else open
+  try:
+    with opener(path, "rb") as f:
+      magic = f.read(4)
+      if (len(magic) < 4 or magic[:2] != b"\0\0" or
+          magic[2] not in _IDX_ELEMENT_BYTES or magic[3] == 0):
+        return "is not an idx file: it does not start with an idx header"
+      sizes = f.read(4 * magic[3])
+      if len(sizes) < 4 * magic[3]:
+        return "is cut short inside its idx header"
+      shape = struct.unpack(f">{magic[3]}I", sizes)
+      length = 0
+      while chunk := f.read(1 << 20):
+        length += len(chunk)
+  except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+    return f"is not a complete gzip file ({e})"
+  except OSError as e:
+    return f"cannot be read ({e.strerror or e})"
+  expected = math.prod(shape) * _IDX_ELEMENT_BYTES[magic[2]]
+  described = (f"its header describes {' x '.join(map(str, shape))} values "
+               f"({expected} bytes after the header)")
+  if length < expected:
+    return f"is cut short: {described}, but only {length} follow it"
+  if length > expected:
+    return (f"is longer than its header says: {described}, but {length} "
+            "follow it")
+  return None
+
+
 def _local_download_manager(source_dir, download_dir, dataset_name):
   """A TFDS download manager that answers every download from SOURCE_DIR.
 
@@ -198,26 +272,35 @@ def _local_download_manager(source_dir, download_dir, dataset_name):
   (gzip, tar, zip) is TFDS's own code, so the builder prepares exactly what
   it would from the publisher's files. TFDS's registered checksums are not
   checked: they are the publisher's archives' bytes, and a repackaged copy
-  of the same content has others (Debian recompresses the .gz files).
+  of the same content has others (Debian recompresses the .gz files). An
+  idx file is checked against its header first (`idx_problem`).
   """
   tfds = tfds_module()
 
   class LocalFiles(tfds.download.DownloadManager):
 
-    missing = None  # The one-line error, once a file was not found.
+    problem = None  # The one-line error, once a file was missing or bad.
     used = []  # The files of SOURCE_DIR it was given, for error messages.
+
+    def _refuse(self, problem):
+      self.problem = problem
+      raise ValueError(problem)
 
     def download(self, url_or_urls):
       def local(url):
         url = getattr(url, "url", url)  # A str or a tfds.download.Resource.
-        path = os.path.join(source_dir, os.path.basename(url.split("?")[0]))
-        self.used = self.used + [os.path.basename(path)]
+        name = os.path.basename(url.split("?")[0])
+        path = os.path.join(source_dir, name)
+        self.used = self.used + [name]
         if not os.path.isfile(path):
-          self.missing = (
-              f"{source_dir} has no {os.path.basename(path)}, which "
-              f"{dataset_name} downloads from {url}; put the file there "
-              "(same name) and run this again")
-          raise FileNotFoundError(self.missing)
+          self._refuse(f"{source_dir} has no {name}, which {dataset_name} "
+                       f"downloads from {url}; put the file there (same "
+                       "name) and run this again")
+        problem = idx_problem(path) if _IDX_NAME.search(name) else None
+        if problem:
+          self._refuse(f"{path} {problem}; replace it with an intact copy "
+                       f"({dataset_name} downloads it from {url}) and run "
+                       "this again; nothing was kept from this attempt")
         return tfds.core.Path(path)
       return tf.nest.map_structure(local, url_or_urls)
 
@@ -232,36 +315,76 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
 
   NAME is any TFDS dataset. Its files come from SOURCE_DIR if given (the
   files TFDS would download, under the same names), else from the directory
-  of the Debian package that installs them (`datasets.DEBIAN_SOURCES`: Fashion-MNIST
-  from dataset-fashion-mnist) if it is installed, else from the internet
-  (CIFAR-10/100: about 160 MB each). ImageNet is converted from the two
-  archives the user put into `manual_dir(data_dir)` (no internet needed).
-  TFDS's own builder converts the files. A dataset already prepared is left
-  as it is.
+  of the Debian package that installs them (`datasets.DEBIAN_SOURCES`:
+  Fashion-MNIST from dataset-fashion-mnist) if it is installed, else from
+  the internet (CIFAR-10/100: about 160 MB each). ImageNet is converted
+  from the two archives the user put into `manual_dir(data_dir)` (no
+  internet needed). TFDS's own builder converts the files. A dataset
+  already prepared is left as it is; a failed attempt leaves DATA_DIR as it
+  found it (but for partial downloads, which TFDS resumes).
 
   Returns:
     The directory of the prepared dataset (DATA_DIR/NAME/VERSION).
 
   Raises:
-    ValueError: `synthetic` (nothing to prepare), an unknown name, missing
-      local files or ImageNet archives, or a failed download (one line
-      saying what to do instead).
+    ValueError: `synthetic` (nothing to prepare), an unknown name, a
+      DATA_DIR that is a file, missing or truncated local files, missing
+      ImageNet archives, or a failed download (one line saying what to do
+      instead).
   """
   if name == datasets.SYNTHETIC:
-    raise ValueError(f"dataset {datasets.SYNTHETIC} is generated in process; there is "
-                     "nothing to prepare")
-  tfds = tfds_module()
-  data_dir = os.fspath(data_dir) if data_dir else tfds.core.constants.DATA_DIR
+    raise ValueError(f"dataset {datasets.SYNTHETIC} is generated in process; "
+                     "there is nothing to prepare")
+  given = bool(data_dir)
+  data_dir = (os.fspath(data_dir) if given
+              else tfds_module().core.constants.DATA_DIR)
+  if tf.io.gfile.exists(data_dir) and not tf.io.gfile.isdir(data_dir):
+    raise ValueError(_data_dir_is_a_file(name, data_dir, given))
   builder = _builder(name, data_dir)
-  if source_dir is not None and not os.path.isdir(source_dir):
-    raise ValueError(f"--source_dir={source_dir} is not a directory")
-  if source_dir is None and name in datasets.DEBIAN_SOURCES and os.path.isdir(
+  source_dir = _source_dir(name, source_dir)
+  download_config = _download_config(name, data_dir, source_dir)
+  if _is_prepared(builder):
+    echo(f"{name} is already prepared in {builder.data_dir}")
+    return builder.data_dir
+  if source_dir is not None:
+    echo(f"preparing {name} in {data_dir} with TFDS from the files in "
+         f"{source_dir} (no download)")
+  else:
+    echo(f"preparing {name} in {data_dir} with TFDS (downloads and converts; "
+         "CIFAR takes a few minutes, ImageNet hours)")
+  absent = _absent_directories(data_dir, builder)
+  try:
+    _download_and_prepare(name, builder, data_dir, source_dir,
+                          download_config)
+  except BaseException:
+    # What this attempt created and left empty goes too: the listing of
+    # DATA_DIR is what it was (TFDS removes its own incomplete directory).
+    for directory in absent:
+      try:
+        os.rmdir(directory)
+      except OSError:  # Absent, or not empty (a partial download to resume).
+        pass
+    raise
+  return builder.data_dir
+
+
+def _source_dir(name, source_dir):
+  """SOURCE_DIR, checked; else Debian's directory of NAME's files where the
+  package is installed; else None (download)."""
+  if source_dir is not None:
+    if not os.path.isdir(source_dir):
+      raise ValueError(f"--source_dir={source_dir} is not a directory")
+    return source_dir
+  if name in datasets.DEBIAN_SOURCES and os.path.isdir(
       datasets.DEBIAN_SOURCES[name][1]):
-    source_dir = datasets.DEBIAN_SOURCES[name][1]
-  # TFDS would first look for a prepared copy on Google Cloud Storage: not
-  # wanted when the files are here, and slow to fail offline.
-  download_config = tfds.download.DownloadConfig(
-      try_download_gcs=source_dir is None)
+    return datasets.DEBIAN_SOURCES[name][1]
+  return None
+
+
+def _download_config(name, data_dir, source_dir):
+  """TFDS's DownloadConfig for NAME; ValueError if ImageNet's archives are
+  not in place."""
+  tfds = tfds_module()
   if name == "imagenet2012":
     manual = manual_dir(data_dir)
     missing = [f for f in IMAGENET_ARCHIVES
@@ -270,14 +393,35 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
       raise ValueError(
           f"imagenet2012 needs {' and '.join(missing)} in {manual}: download "
           "them from image-net.org (registration required) and run this again")
-    download_config = tfds.download.DownloadConfig(manual_dir=manual)
-  if builder.is_prepared():
-    echo(f"{name} is already prepared in {builder.data_dir}")
-    return builder.data_dir
+    return tfds.download.DownloadConfig(manual_dir=manual)
+  # TFDS would first look for a prepared copy on Google Cloud Storage: not
+  # wanted when the files are here, and slow to fail offline.
+  return tfds.download.DownloadConfig(try_download_gcs=source_dir is None)
+
+
+def _absent_directories(data_dir, builder):
+  """The local directories a preparation of BUILDER in DATA_DIR may create
+  that do not exist yet, deepest first."""
+  if "://" in data_dir:
+    return []
+  data_dir = os.path.normpath(data_dir)
+  candidates = [data_dir, os.path.join(data_dir, "downloads")]
+  # DATA_DIR/NAME[/CONFIG]/VERSION and the directories above it in DATA_DIR.
+  directory = os.path.normpath(os.fspath(builder.data_dir))
+  while directory.startswith(data_dir + os.sep):
+    candidates.append(directory)
+    directory = os.path.dirname(directory)
+  return sorted((d for d in candidates if not os.path.exists(d)), key=len,
+                reverse=True)
+
+
+def _download_and_prepare(name, builder, data_dir, source_dir,
+                          download_config):
+  """Runs TFDS's preparation of NAME (BUILDER), its files from SOURCE_DIR
+  if not None; a failure becomes a ValueError of one line saying what to
+  do."""
   local = None
   if source_dir is not None:
-    echo(f"preparing {name} in {data_dir} with TFDS from the files in "
-         f"{source_dir} (no download)")
     # TFDS has no public way to hand a builder local files whose checksums
     # differ from the registered ones; the download manager is the one place
     # where downloading happens, so it is the one thing replaced.
@@ -289,14 +433,11 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
         data_dir, "downloads"))
     local = _local_download_manager(source_dir, scratch, name)
     builder._make_download_manager = lambda **unused: local  # pylint: disable=protected-access
-  else:
-    echo(f"preparing {name} in {data_dir} with TFDS (downloads and converts; "
-         "CIFAR takes a few minutes, ImageNet hours)")
   try:
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # pylint: disable=broad-except
-    if local is not None and local.missing:
-      raise ValueError(local.missing) from None
+    if local is not None and local.problem:
+      raise ValueError(local.problem) from None
     # Network failures surface as many different exception types; the user
     # needs one line and the way out, not TFDS's traceback.
     problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -308,12 +449,11 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
               "copy the directory here, or pass --source_dir with the files "
               "it downloads")
     raise ValueError(
-        f"could not prepare {name} in {data_dir} ({type(e).__name__}: "
-        f"{problem}); {advice}") from e
+        f"could not prepare {name} in {data_dir} ("
+        f"{type(e).__name__}: {problem}); {advice}") from e
   finally:
     if local is not None:
       shutil.rmtree(scratch, ignore_errors=True)
-  return builder.data_dir
 
 
 def tfds_arrays(builder, split, stop, image_shape):

@@ -12,6 +12,7 @@ TensorFlow reads (gs://...) go through `tf.io.gfile`.
 
 import json
 import os
+import uuid
 
 from identity_tf import configs
 
@@ -68,18 +69,40 @@ def read(model_dir):
 
 
 def write(model_dir, description):
-  """Writes config.json atomically (a temporary file renamed into place)."""
+  """Writes config.json atomically: a temporary file of this write alone,
+  flushed to the disk, then renamed into place. A crash leaves the old file
+  or the new one, whole, never a mix or an empty file."""
   file = path(model_dir)
+  text = json.dumps(description, indent=2, sort_keys=True) + "\n"
+  # Unique, in the same directory (a rename within one filesystem is atomic):
+  # two writers never share a temporary file.
+  temporary = f"{file}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
   if _is_url(file):
     _gfile().makedirs(model_dir)
-  else:
-    os.makedirs(model_dir, exist_ok=True)
-  with _open(file + ".tmp", "w") as f:
-    f.write(json.dumps(description, indent=2, sort_keys=True) + "\n")
-  if _is_url(file):
-    _gfile().rename(file + ".tmp", file, overwrite=True)
-  else:
-    os.replace(file + ".tmp", file)
+    with _gfile().GFile(temporary, "w") as f:
+      f.write(text)
+    _gfile().rename(temporary, file, overwrite=True)
+    return
+  os.makedirs(model_dir, exist_ok=True)
+  try:
+    with open(temporary, "x") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())  # The bytes are on disk before the name moves.
+    os.replace(temporary, file)
+  finally:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+  # The rename itself is durable once the directory is synced; a filesystem
+  # that cannot sync a directory still has the whole file under its name.
+  try:
+    directory = os.open(model_dir, os.O_RDONLY)
+    try:
+      os.fsync(directory)
+    finally:
+      os.close(directory)
+  except OSError:
+    pass
 
 
 def record(model_dir, description, step):
@@ -88,6 +111,11 @@ def record(model_dir, description, step):
   with the global STEP from which it applies, is appended to "history" as
   {"step": STEP, "changed": {field: [old, new]}}. "config" is what applies
   now; the first configuration applied from step 0 up to the first entry.
+
+  Changes at the step of the last entry (a run stopped before its next
+  checkpoint, resumed with other flags) are merged into that entry: a field
+  set back to the value it had before the entry leaves it, and an entry
+  with no change left is dropped.
   """
   description = dict(description)
   history = []
@@ -101,10 +129,27 @@ def record(model_dir, description, step):
     changed = {name: [old.get(name), value] for name, value in new.items()
                if old.get(name) != value}
     if changed:
-      history.append({"step": step, "changed": changed})
+      history = _add_change(history, step, changed)
   if history:
     description["history"] = history
   write(model_dir, description)
+
+
+def _add_change(history, step, changed):
+  """HISTORY with CHANGED ({field: [old, new]}) applied from STEP."""
+  if not history or history[-1]["step"] != step:
+    return history + [{"step": step, "changed": changed}]
+  merged = dict(history[-1]["changed"])
+  for name, (old, new) in changed.items():
+    # The value before the entry stays the entry's "old" value.
+    before = merged[name][0] if name in merged else old
+    if before == new:
+      merged.pop(name, None)
+    else:
+      merged[name] = [before, new]
+  if not merged:
+    return history[:-1]
+  return history[:-1] + [{"step": step, "changed": merged}]
 
 
 def no_run_message(model_dir):
