@@ -11,9 +11,9 @@ width m (the unit h + V ReLU(U h + b)) labels n Gaussian points; a student of
 the same family starts from small unit norms and takes full-batch gradient
 descent on the squared loss. Per (L, d, initial norm), over the seeds: how
 often the relative loss reaches --tolerance, the largest unit norm along the
-path, and whether a run stopped at a critical point with a loss that is not
-near zero; the same starts with the identity removed (the plain unit
-V ReLU(U h + b), on a plain teacher). Evidence on small instances, not a
+path, and whether a run met a critical point with a loss that is not near
+zero (at its end, or anywhere on its path); the same starts with the
+identity removed (the plain unit V ReLU(U h + b), on a plain teacher). Evidence on small instances, not a
 proof: docs/conjecture.md. The logic is identity_tf/theory/conjecture.py
 (`probe_command`). JSON goes to stdout alone (and to --output); progress and
 errors go to stderr. Relative paths resolve against the directory
@@ -22,7 +22,6 @@ errors go to stderr. Relative paths resolve against the directory
 
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -48,7 +47,8 @@ flags.DEFINE_float("tolerance", None, "Near-zero relative loss (default "
                    "1e-3).")
 flags.DEFINE_float("stall_gradient", None, "A run that ends with ||grad|| "
                    "below this and the loss above --tolerance stalled at a "
-                   "critical point (default 1e-6).")
+                   "critical point; one that meets it anywhere on its path "
+                   "counts in near_critical_on_path (default 1e-6).")
 flags.DEFINE_string("output", None, "JSON file for the report.")
 flags.DEFINE_string("plot", None, "PNG file for the figure.")
 
@@ -56,10 +56,6 @@ FLAGS = flags.FLAGS
 SETTINGS = ("depths", "widths", "hidden", "init_norms", "seeds", "samples",
             "steps", "learning_rate", "teacher_norm", "tolerance",
             "stall_gradient")
-
-
-def log(message):
-  print(message, file=sys.stderr, flush=True)
 
 
 def emit(result):
@@ -75,8 +71,8 @@ def main(argv):
     conjecture.probe_command(
         {name: FLAGS[name].value for name in SETTINGS},
         output_path=cli.path(FLAGS.output), output_as_typed=FLAGS.output,
-        plot_path=cli.path(FLAGS.plot), plot_as_typed=FLAGS.plot, log=log,
-        emit=emit)
+        plot_path=cli.path(FLAGS.plot), plot_as_typed=FLAGS.plot,
+        log=cli.print_stderr, emit=emit)
 
 
 def run():

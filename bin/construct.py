@@ -1,25 +1,23 @@
 """Builds the residual network of Theorem 3.2 that fits a labelled data set.
 
     bazel run //bin:construct -- --data=points.npz --output_dir=out
-    bazel run //bin:construct -- --dataset=fashion_mnist --num_examples=1000 \\
+    bazel run //bin:construct -- --dataset=fashion_mnist --num_examples=1000 \
         --data_dir=DIR --output_dir=out
 
 --data is an .npz with `x` (n, d) float and `y` (n,) integer labels in
 [0, r); --dataset is any TFDS image-classification dataset (flattened
-training images). The network is built by the construction of Section 3
-(Lemma B.1, identity_tf/theory/construction.py), checked on every training
-point, and written to --output_dir as weights.npz (framework-free),
-model.keras (the library's layers; load after
-`import identity_tf.theory.construction_model`) and report.json
-(identity_tf/theory/construction_run.py: `construct_command`).
---sgd_steps=N also trains the same architecture by SGD from the paper's init
-on the same labels and writes sgd.json: the contrast. Both networks' top-1
-accuracy on the held-out split (--test_examples) goes into report.json.
---sweep_n=1000,3000 --sweep_dims=784,64 constructs for the first n points
-instead, at each input dimension (--reduce), and writes sweep.json and
-sweep.png: parameters against Theorem 3.2's n ln n + r^2
-(identity_tf/theory/capacity.py: `run_sweep`). Progress goes to stderr, the
-main numbers to stdout as one JSON object.
+training images). The network of Section 3 (Lemma B.1) is built, checked on
+every training point and written to --output_dir as weights.npz
+(framework-free), model.keras (load after `import
+identity_tf.theory.construction_model`) and report.json, with its top-1
+accuracy on the held-out split (--test_examples). --sgd_steps=N also trains
+the same architecture by SGD (sgd.json): the contrast. --sweep_n=1000,3000
+--sweep_dims=784,64 constructs for the first n points instead, at each input
+dimension (--reduce), and writes sweep.json and sweep.png: parameters
+against Theorem 3.2's n ln n + r^2 (with --sgd_steps, SGD at the smallest
+n). The binary is `construct_command` of
+identity_tf/theory/construction_run.py. Progress goes to stderr, the main
+numbers to stdout as one JSON object.
 """
 
 import os
@@ -32,9 +30,6 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import json
-import sys
-
 from absl import app
 from absl import flags
 
@@ -57,8 +52,8 @@ flags.DEFINE_integer("keras_check_examples", 2000, "check model.keras (loaded "
                      "back from disk) on this many training points; -1 = all",
                      lower_bound=-1)
 flags.DEFINE_integer("sgd_steps", 0, "if > 0: also train the same "
-                     "architecture by SGD for this many steps (the contrast)",
-                     lower_bound=0)
+                     "architecture by SGD for this many steps (the contrast; "
+                     "with --sweep_n at the smallest n)", lower_bound=0)
 flags.DEFINE_integer("sgd_batch_size", 128, "batch size of --sgd_steps",
                      lower_bound=1)
 flags.DEFINE_float("sgd_learning_rate", 0.1, "learning rate of --sgd_steps",
@@ -88,10 +83,6 @@ flags.register_multi_flags_validator(
     "--num_examples=N")
 
 
-def log(message):
-  print(message, file=sys.stderr, flush=True)
-
-
 def main(argv):
   cli.begin(argv, "--output_dir=DIR")
   # Importing TensorFlow/Keras takes seconds: only after the flags are valid.
@@ -108,8 +99,7 @@ def main(argv):
         johnson_lindenstrauss=FLAGS.johnson_lindenstrauss,
         keras_check_examples=FLAGS.keras_check_examples,
         sgd_steps=FLAGS.sgd_steps, sgd_batch_size=FLAGS.sgd_batch_size,
-        sgd_learning_rate=FLAGS.sgd_learning_rate, log=log,
-        emit=lambda summary: print(json.dumps(summary), flush=True))
+        sgd_learning_rate=FLAGS.sgd_learning_rate)
 
 
 def run():

@@ -194,10 +194,27 @@ class TrainTest(absltest.TestCase):
       expected += int(np.sum(np.all(before <= 0, axis=0)))
       h = h + np.maximum(before, 0) @ v[i].T
     self.assertGreaterEqual(expected, 2)
-    counted = conjecture.dead_hidden(
+    arguments = (*(tf.constant(w[None]) for w in (u, b, v)),
+                 tf.constant(x[None]), tf.constant([1.0], tf.float64))
+    self.assertEqual(int(conjecture.dead_hidden(*arguments)[0]), expected)
+
+  def test_kink_distance_is_the_smallest_preactivation(self):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((10, 3))
+    u, b, v = conjecture.residual_teacher(rng, 2, 3, 4, 0.5)
+    # Unit 2's ReLU 3 switches 1e-9 from sample 6.
+    h = x + np.maximum(x @ u[0].T + b[0], 0) @ v[0].T
+    b[1, 2] = 1e-9 - h[6] @ u[1, 2]
+    smallest, h = np.inf, x
+    for i in range(2):  # min |U_i h + b_i| over units, samples, ReLUs
+      before = h @ u[i].T + b[i]
+      smallest = min(smallest, np.abs(before).min())
+      h = h + np.maximum(before, 0) @ v[i].T
+    self.assertLess(smallest, 1e-8)
+    found = conjecture.kink_distance(
         *(tf.constant(w[None]) for w in (u, b, v)), tf.constant(x[None]),
         tf.constant([1.0], tf.float64))
-    self.assertEqual(int(counted[0]), expected)
+    self.assertAlmostEqual(float(found[0]), smallest, delta=1e-15)
 
 
 class ClassifyTest(absltest.TestCase):
@@ -218,6 +235,32 @@ class ClassifyTest(absltest.TestCase):
     self.assertEqual(conjecture.classify(run, 1e-3, 1e-6),
                      ["reached", "stalled_critical", "plateau", "descending",
                       "diverged"])
+
+  def test_a_near_critical_point_mid_path_is_recorded(self):
+    # Three paths whose loss stays above the tolerance, except the first's
+    # last step; gradients with a dip mid-path (second), at a step with the
+    # loss below the tolerance (first: not counted), or none (third).
+    loss = np.array([[1.0, 1.0, 1.0], [0.5, 0.6, 0.9], [0.1, 0.5, 0.8],
+                     [1e-4, 0.4, 0.7]])
+    gradient = np.array([[1.0, 1.0, 1.0], [0.5, 1e-8, 0.9],
+                         [0.2, 0.3, 0.8], [1e-9, 0.2, 0.7]])
+    run = {"loss": loss, "gradient": gradient,
+           "unit_norm": np.ones_like(loss), "diverged": np.full(3, -1),
+           "dead_hidden": np.zeros(3), "kink_distance": np.ones(3)}
+    smallest, steps = conjecture.smallest_gradient_on_path(run, 1e-3)
+    np.testing.assert_array_equal(smallest, [0.2, 1e-8, 0.7])
+    np.testing.assert_array_equal(steps, [2, 1, 3])
+    outcomes = conjecture.classify(run, 1e-3, 1e-6)
+    # The outcome reads the last step: the dip is not a stall there.
+    self.assertEqual(outcomes[0], "reached")
+    self.assertNotIn("stalled_critical", outcomes)
+    task = {"teacher_unit_norm": np.ones(3)}
+    summary = conjecture.summarize(run, task, [0, 1, 2], outcomes, 1e-3,
+                                   1e-6)
+    self.assertEqual(summary["near_critical_on_path"], 1)
+    self.assertEqual(summary["min_gradient_norm_above_tolerance_by_seed"],
+                     [0.2, 1e-8, 0.7])
+    self.assertEqual(summary["min_gradient_step_by_seed"], [2, 1, 3])
 
 
 class BinaryTest(absltest.TestCase):
@@ -261,6 +304,13 @@ class BinaryTest(absltest.TestCase):
         self.assertEqual(entry["runs"], 2)
         self.assertEqual(sum(entry[o] for o in conjecture.OUTCOMES), 2)
         self.assertLen(entry["final_losses_by_seed"], 2)
+        self.assertLen(entry["kink_distance_by_seed"], 2)
+        # A run ending at a critical point met one on its path.
+        self.assertGreaterEqual(entry["near_critical_on_path"],
+                                entry["stalled_critical"])
+      self.assertEqual(report["near_critical_on_path"][family],
+                       sum(c[family]["near_critical_on_path"]
+                           for c in report["cells"]))
 
   def test_bad_flags_are_one_line(self):
     expected = {

@@ -1,6 +1,5 @@
 """Tests of the Section 3 construction (Theorem 3.2, Lemma B.1) and bin/construct."""
 
-import concurrent.futures
 import json
 import os
 import tempfile
@@ -145,6 +144,44 @@ class ConstructionTest(absltest.TestCase):
     self.assertLess(result.k, 300)
     self.assertEqual(float(result.weights["t"]), 0.0)
     np.testing.assert_array_equal(result.weights["mu"], 0)
+
+  def test_johnson_lindenstrauss_projection_keeps_distances_within_rho_2(self):
+    # The claim behind k = ceil(32 ln n / rho^2) (Theorem 3.2's
+    # k = O(log n / rho^2)): the Gaussian A0 keeps every distance between
+    # the n points within a factor 1 +- rho / 2. Unit vectors are on the
+    # sphere already (mu = 0, s = 1, t = 0), so the points A0 projects are
+    # the inputs themselves; distances by NumPy, pair by pair.
+    rng = np.random.default_rng(30)
+    n = 120
+    x = rng.standard_normal((n, 1500))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = rng.integers(0, 3, n)
+    upper = np.triu_indices(n, 1)
+
+    def distances(points):
+      return np.linalg.norm(points[:, None] - points[None], axis=-1)[upper]
+
+    original = distances(x)
+    rho = original.min()
+    k = int(np.ceil(32 * np.log(n) / rho**2))
+    self.assertLess(k, n)  # Narrower than the lossless span: JL is taken.
+    for seed in range(3):
+      with self.subTest(seed=seed):
+        result = construction.construct(x, y, seed=seed,
+                                        johnson_lindenstrauss=True)
+        self.assertEqual((result.mode, result.k), ("johnson-lindenstrauss",
+                                                   k))
+        weights = result.weights
+        self.assertEqual((float(weights["s"]), float(weights["t"])),
+                         (1.0, 0.0))
+        np.testing.assert_array_equal(weights["mu"], 0)
+        ratio = distances(x @ weights["A0"][:, :-1].T) / original
+        self.assertBetween(ratio.min(), 1 - rho / 2, 1.0)
+        self.assertBetween(ratio.max(), 1.0, 1 + rho / 2)
+    # The bound has teeth: a Gaussian to a tenth of that width breaks it.
+    narrow = rng.standard_normal((k // 10, 1500)) / np.sqrt(k // 10)
+    ratio = distances(x @ narrow.T) / original
+    self.assertGreater(np.abs(ratio - 1).max(), rho / 2)
 
   def test_clustered_data_with_labels_independent_of_clusters(self):
     rng = np.random.default_rng(3)
@@ -569,7 +606,7 @@ class BinaryTest(absltest.TestCase):
       result = testing.run_binary(
           "construct", f"--data={tmp}/points.npz", f"--output_dir={tmp}/out",
           "--sweep_n=30,90", "--sweep_dims=10,4", "--reduce=random",
-          check=True)
+          "--sgd_steps=3", "--sgd_batch_size=8", check=True)
       with open(os.path.join(tmp, "out", "sweep.json")) as f:
         report = json.load(f)
       with open(os.path.join(tmp, "out", "sweep.png"), "rb") as f:
@@ -591,6 +628,16 @@ class BinaryTest(absltest.TestCase):
         test_points = x_test if dim == 10 else x_test @ matrix / np.sqrt(dim)
         self.assertEqual(row["test_accuracy"], np.mean(np.argmax(
             dense_forward(built.weights, test_points), axis=1) == y_test))
+        # The SGD contrast at the smallest n only, on the same test points.
+        if n == 30:
+          self.assertEqual(row["sgd_history"][-1]["step"], 3)
+          self.assertBetween(row["sgd_test_accuracy"], 0.0, 1.0)
+          self.assertEqual(printed["sgd_test_accuracy"],
+                           row["sgd_test_accuracy"])
+        else:
+          self.assertNotIn("sgd_test_accuracy", row)
+    self.assertEqual(report["sgd"], {"steps": 3, "batch_size": 8,
+                                     "learning_rate": 0.1, "at_n": 30})
 
   def test_reduced_run_reports_both_test_accuracies(self):
     rng = np.random.default_rng(25)
@@ -633,7 +680,6 @@ class BinaryTest(absltest.TestCase):
         ("--sweep_dims=3",): r"--sweep_dims needs --sweep_n",
         ("--sweep_n=10", "--reduced_dim=3"): r"--reduced_dim is for one "
                                              r"construction",
-        ("--sweep_n=10", "--sgd_steps=5"): r"--sgd_steps trains one network",
         ("--sweep_n=10,41",): r"asks for 41 points but .* has 40 training "
                               r"points",
         ("--sweep_n=10", "--sweep_dims=6"): r"asks for 6 coordinates but the "
@@ -642,13 +688,10 @@ class BinaryTest(absltest.TestCase):
     }
     with tempfile.TemporaryDirectory() as tmp:
       np.savez(os.path.join(tmp, "points.npz"), x=x, y=y)
-
-      def run(flags):
-        return testing.run_binary("construct", f"--data={tmp}/points.npz",
-                                  f"--output_dir={tmp}/out", *flags)
-
-      with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        results = dict(zip(cases, pool.map(run, cases)))
+      results = testing.run_binaries(
+          "construct", {flags: (f"--data={tmp}/points.npz",
+                                f"--output_dir={tmp}/out", *flags)
+                        for flags in cases}, 4)
     for flags, result in results.items():
       with self.subTest(flags=flags):
         self.assertEqual(result.returncode, 1)
@@ -676,19 +719,15 @@ class BinaryTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       empty_dir = os.path.join(tmp, "no_datasets")
       os.makedirs(empty_dir)
-
-      def run(name):
-        if name == "tfds":
-          return testing.run_binary(
-              "construct", "--dataset=mnist", "--num_examples=10",
-              f"--data_dir={empty_dir}", f"--output_dir={tmp}/out_tfds")
+      runs = {"tfds": ("--dataset=mnist", "--num_examples=10",
+                       f"--data_dir={empty_dir}",
+                       f"--output_dir={tmp}/out_tfds")}
+      for name in ("conflict", "label"):
         bad_x, bad_y, _ = cases[name]
         np.savez(os.path.join(tmp, name + ".npz"), x=bad_x, y=bad_y)
-        return testing.run_binary("construct", f"--data={tmp}/{name}.npz",
-                                  f"--output_dir={tmp}/out_{name}")
-
-      with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        results = dict(zip(cases, pool.map(run, cases)))
+        runs[name] = (f"--data={tmp}/{name}.npz",
+                      f"--output_dir={tmp}/out_{name}")
+      results = testing.run_binaries("construct", runs, 3)
     for name, result in results.items():
       with self.subTest(name=name):
         self.assertNotEqual(result.returncode, 0)

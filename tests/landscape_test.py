@@ -29,6 +29,30 @@ def spectral_norms(a):
   return np.linalg.norm(a, ord=2, axis=(-2, -1))
 
 
+def numpy_descent(a, r, sigma, steps, step_size):
+  """Gradient descent on Claim 2.3's excess risk in NumPy, the gradient of
+  Lemma 2.4 written out: 2 (I + A_l)^T...(I + A_{i+1})^T E Sigma
+  (I + A_{i-1})^T...(I + A_1)^T. Returns per step (gaps, layer norms)."""
+  a = np.array(a, np.float64)
+  d = r.shape[0]
+  gaps, norms = [], []
+  for _ in range(steps + 1):
+    factors = [np.eye(d) + layer for layer in a]
+    before = [np.eye(d)]
+    for factor in factors[:-1]:
+      before.append(factor @ before[-1])
+    error = factors[-1] @ before[-1] - r
+    gaps.append(float(np.trace(error @ sigma @ error.T)))
+    norms.append(spectral_norms(a))
+    after = np.eye(d)
+    gradient = np.empty_like(a)
+    for i in reversed(range(len(a))):
+      gradient[i] = 2 * after.T @ error @ sigma @ before[i].T
+      after = after @ factors[i]
+    a = a - step_size * gradient
+  return np.array(gaps), np.array(norms)
+
+
 class GradientTest(absltest.TestCase):
 
   def test_descent_gradient_matches_finite_differences(self):
@@ -67,6 +91,27 @@ class GradientTest(absltest.TestCase):
       self.assertLessEqual(angles.max(), rotation + 1e-9)
 
 
+class ExcessRiskTest(absltest.TestCase):
+
+  def test_gaps_far_below_d_eps_are_representable(self):
+    # Near an exact factorisation f - f_opt is ~1e-18, far below the
+    # ulp(d) ~ 1e-15 that f - d can resolve; tr(E Sigma E^T) from E keeps
+    # it. (Both sides carry the products' rounding, ~1e-15 in E against
+    # ||E|| ~ 1e-9: a relative 1e-3 is E's precision, not a slack.)
+    rng = np.random.default_rng(8)
+    d, layers = 4, 6
+    r = landscape.random_target(d, rng, 2.0, 1.0)
+    sigma = linear.random_covariance(d, rng, 0.5, 2.0)
+    exact = linear.factorize(r, layers).numpy()
+    a = np.stack([exact + 1e-10 * rng.standard_normal(exact.shape),
+                  exact + 1e-6 * rng.standard_normal(exact.shape)])
+    gaps, _ = landscape.batched_risk_and_gradient(a, np.stack([r, r]), sigma)
+    expected = [numpy_gap(a[k], r, sigma) for k in range(2)]
+    self.assertLess(expected[0], 1e-16)
+    for k in range(2):
+      self.assertAlmostEqual(float(gaps[k]) / expected[k], 1.0, delta=1e-3)
+
+
 class ExperimentTest(absltest.TestCase):
 
   def test_trivial_target_is_always_reached_inside_b_1(self):
@@ -80,8 +125,11 @@ class ExperimentTest(absltest.TestCase):
       residual = cell["residual"]
       self.assertEqual(residual["reached_fraction"], 1.0, cell)
       self.assertEqual(residual["stayed_in_B_1_fraction"], 1.0, cell)
-      # (2.3) along the paths, which stay in B_tau' with tau' < 1.
+      # (2.3) along each path, which stays in B_tau' with tau' < 1, its
+      # own largest |||A|||.
       self.assertGreaterEqual(residual["min_ratio_over_pl_constant"], 1.0)
+      for quotient in residual["min_ratio_over_pl_constant_by_start"]:
+        self.assertGreaterEqual(quotient, 1.0)
 
   def test_negative_determinant_is_not_reached_inside_b_1(self):
     rng = np.random.default_rng(3)
@@ -112,6 +160,26 @@ class ExperimentTest(absltest.TestCase):
     summary = landscape.negative_det_summary(run, epsilon, floor)
     self.assertEqual(summary["reached_without_crossing_1"], 0)
     self.assertTrue(summary["floor_holds"])
+    # Where each path leaves B_1, against the same descent in NumPy.
+    self.assertLen(summary["crossings_by_start"], 6)
+    self.assertGreater(summary["crossed_1_fraction"], 0)  # Not vacuous.
+    for k, crossing in enumerate(summary["crossings_by_start"]):
+      gaps, norms = numpy_descent(starts[k], flipped, sigma, 300, 0.05)
+      outside = np.flatnonzero(norms.max(axis=1) >= 1.0)
+      np.testing.assert_allclose(summary["path_max_norm_by_start"][k],
+                                 norms.max(), rtol=1e-9)
+      if not outside.size:
+        self.assertIsNone(crossing)
+        continue
+      step = outside[0]
+      self.assertEqual(crossing["step"], step)
+      self.assertEqual(crossing["layer"], int(np.argmax(norms[step])) + 1)
+      self.assertAlmostEqual(crossing["layer_norm"], norms[step].max(),
+                             places=9)
+      self.assertAlmostEqual(crossing["gap"] / gaps[step], 1.0, places=7)
+      self.assertGreaterEqual(crossing["gap_before"], floor * (1 - 1e-9))
+    self.assertEqual(sum(summary["crossing_layer_counts"].values()),
+                     sum(c is not None for c in summary["crossings_by_start"]))
     # A budget too short to leave B_1: never reached, and reported so.
     short = landscape.descend_batch(starts, np.repeat(flipped[None], 6, 0),
                                     sigma, steps=3, step_size=0.05)
@@ -156,10 +224,19 @@ class ExperimentTest(absltest.TestCase):
     self.assertEqual(summary["reached_fraction"], 0.5)
     self.assertEqual(summary["steps_to_epsilon"], {"median": 2.0, "max": 2})
     self.assertEqual(summary["path_max_norm"]["max"], 1.3)
+    self.assertEqual(summary["path_max_norm_by_start"], [0.45, 1.3])
     self.assertEqual(summary["stayed_in_B_1_fraction"], 0.5)
     self.assertEqual(summary["stayed_in_B_tau_fraction"], 0.5)
     self.assertEqual(summary["min_ratio"], 2.0)  # 8 / 4, 3 / 1, 6 / 3, ...
-    self.assertIsNone(summary["pl_constant_at_path_max_norm"])  # tau >= 1
+    # Path 1 stays in B_0.45: its smallest ratio, 2 (8 / 4; 3 / 1), against
+    # mu = 4 l (1 - 0.45)^(2l - 2) sigma_min at its own tau. Path 2 leaves
+    # B_1, where (2.3) says nothing.
+    mu = 4 * 2 * (1 - 0.45) ** 2 * 0.5
+    quotients = summary["min_ratio_over_pl_constant_by_start"]
+    self.assertAlmostEqual(quotients[0], 2.0 / mu, places=12)
+    self.assertIsNone(quotients[1])
+    self.assertAlmostEqual(summary["min_ratio_over_pl_constant"], 2.0 / mu,
+                           places=12)
 
 
 class BinaryTest(absltest.TestCase):
@@ -174,11 +251,17 @@ class BinaryTest(absltest.TestCase):
     np.save(os.path.join(tmp, "R.npy"), landscape.random_target(
         3, rng, 2.0, 0.5))
     np.save(os.path.join(tmp, "flipped.npy"), np.diag([1.0, -1.0, 1.0]))
+    cls.sigma = linear.random_covariance(3, rng, 0.2, 5.0)
+    np.save(os.path.join(tmp, "S.npy"), cls.sigma)
+    np.save(os.path.join(tmp, "rank2.npy"), np.diag([1.0, 0.0, 2.0]))
     env = dict(os.environ, BUILD_WORKING_DIRECTORY=tmp)
     small = ("--depths=2,3", "--taus=0.1,0.3", "--starts=3", "--steps=60")
     runs = {
         "random": ("landscape", "--d=3", *small, "--output=report.json",
                    "--plot=landscape.png"),
+        "sigma": ("landscape", "--R=R.npy", "--sigma=S.npy", "--depths=2",
+                  "--taus=0.2", "--starts=2", "--steps=40"),
+        "sigma_singular": ("landscape", "--sigma=rank2.npy"),
         # Plain mistakes: one line each, exit 1, nothing on stdout. (The
         # rest of the checks are in CommandErrorsTest, in this process.)
         "tau_one": ("landscape", "--taus=0.5,1"),
@@ -206,16 +289,40 @@ class BinaryTest(absltest.TestCase):
     self.assertEqual(report["d"], 3)
     self.assertGreater(report["R"]["det"], 0)
     for cell in report["cells"]:
-      self.assertEqual(cell["residual"]["starts"], 3)
-      mu = cell["residual"]["pl_constant_at_path_max_norm"]
-      if mu is not None:  # (2.3) held along every path inside B_1.
-        self.assertGreaterEqual(cell["residual"]["min_ratio"], mu)
+      residual = cell["residual"]
+      self.assertEqual(residual["starts"], 3)
+      self.assertLen(residual["path_max_norm_by_start"], 3)
+      self.assertEqual(max(residual["path_max_norm_by_start"]),
+                       residual["path_max_norm"]["max"])
+      for norm, quotient in zip(
+          residual["path_max_norm_by_start"],
+          residual["min_ratio_over_pl_constant_by_start"]):
+        if norm < 1 and quotient is not None:  # (2.3) on a path in B_1.
+          self.assertGreaterEqual(quotient, 1.0)
+      self.assertLen(cell["negative_det"]["crossings_by_start"], 3)
+
+  def test_sigma_from_a_file(self):
+    result = self.results["sigma"]
+    self.assertEqual(result.returncode, 0, result.stderr)
+    report = json.loads(result.stdout)
+    self.assertEqual(report["Sigma_source"], {"file": "S.npy"})
+    eigenvalues = np.linalg.eigvalsh(self.sigma)
+    np.testing.assert_allclose(report["Sigma_eigenvalues"],
+                               [eigenvalues[0], eigenvalues[-1]], rtol=1e-12)
+    # The det R < 0 floor sigma_min(Sigma) sigma_min(R)^2 with this Sigma.
+    r = np.load(os.path.join(self.tmp.name, "R.npy"))
+    floor = eigenvalues[0] * np.linalg.svd(r, compute_uv=False)[-1] ** 2
+    self.assertAlmostEqual(
+        report["cells"][0]["negative_det"]["gap_floor_inside_B_1"], floor,
+        places=12)
 
   def test_bad_flags_are_one_line(self):
     expected = {
         "tau_one": r"--taus must be in \[0, 1\)",
         "det_negative": r"--R=flipped.npy has det R <= 0",
         "layers": r"landscape takes --depths=2,4,8, not --layers",
+        "sigma_singular": r"--sigma=rank2.npy: Sigma is not positive "
+                          r"definite: its smallest eigenvalue is 0",
     }
     for name, pattern in expected.items():
       with self.subTest(name):
@@ -251,7 +358,31 @@ class CommandTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       r_path = os.path.join(tmp, "R.npy")
       np.save(r_path, np.eye(3))
+      files = {"asymmetric": [[1.0, 0.5], [0.0, 1.0]],
+               "negative": [[1.0, 0.0], [0.0, -1e-3]],
+               "two": np.eye(2), "text": None,
+               # Rank 1, with rounding in every entry.
+               "rank_one": np.outer([0.3, 0.7], [1.1, -0.9])}
+      for name, matrix in files.items():
+        if matrix is None:
+          with open(os.path.join(tmp, name + ".npy"), "w") as f:
+            f.write("1 0\n0 1\n")
+        else:
+          np.save(os.path.join(tmp, name + ".npy"), matrix)
+      sigma = {name: os.path.join(tmp, name + ".npy") for name in files}
       cases = {
+          r"--sigma=.*asymmetric.npy: Sigma = E\[x x\^T\] must be "
+          r"symmetric": {"sigma_path": sigma["asymmetric"]},
+          r"--sigma=.*negative.npy: Sigma is not positive definite: its "
+          r"smallest eigenvalue is -0.001": {"sigma_path": sigma["negative"]},
+          r"--sigma=.*two.npy is 2 x 2 but --R=.*R.npy is 3 x 3": {
+              "sigma_path": sigma["two"], "r_path": r_path},
+          r"--sigma=.*two.npy is 2 x 2 but --d=4 is 4 x 4": {
+              "sigma_path": sigma["two"], "d": 4},
+          r"--sigma=.*text.npy is not a .npy file .*save sigma with "
+          r"numpy.save": {"sigma_path": sigma["text"]},
+          r"--R=.*rank_one.npy: R is singular to working precision": {
+              "r_path": sigma["rank_one"]},
           r"--depths must be >= 1": {"depths": ["0", "2"]},
           r"--depths must be a comma-separated list of integers, e.g. "
           r"--depths=2,4,8; got two": {"depths": ["two"]},
@@ -272,7 +403,8 @@ class CommandTest(absltest.TestCase):
         with self.subTest(pattern):
           with self.assertRaisesRegex(ValueError, "^" + ".*" + pattern):
             linear_run.landscape_command(**arguments)
-      self.assertEqual(os.listdir(tmp), ["R.npy"])
+      self.assertEqual(sorted(os.listdir(tmp)),
+                       sorted(["R.npy"] + [f"{n}.npy" for n in files]))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """Tests for identity_tf.theory.linear, linear_run and bin/linear_theory.py (Section 2)."""
 
-import concurrent.futures
 import json
 import math
 import os
@@ -35,6 +34,20 @@ def sequential_product(a):
   for layer in np.asarray(a):
     result = (np.eye(d) + layer) @ result
   return result
+
+
+def rank_deficient(d, rank, sign):
+  """A d x d product of (d x RANK) (RANK x d) Gaussians whose rounding
+  leaves det of sign SIGN (slogdet, NumPy): singular in exact arithmetic,
+  not in float64, with sigma_min / sigma_max below d eps."""
+  for seed in range(100):
+    rng = np.random.default_rng(seed)
+    r = rng.standard_normal((d, rank)) @ rng.standard_normal((rank, d))
+    singular = np.linalg.svd(r, compute_uv=False)
+    if (np.linalg.slogdet(r)[0] == sign
+        and 0 < singular[-1] <= d * np.finfo(float).eps * singular[0]):
+      return r
+  raise AssertionError(f"no seed gave det of sign {sign}")
 
 
 class ProductAndRiskTest(absltest.TestCase):
@@ -217,8 +230,11 @@ class FactorizeTest(absltest.TestCase):
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, r"det\(I \+ A\) > 0"):
       lt.factorize(np.diag([1.0, -2.0]), 5)
-    with self.assertRaisesRegex(ValueError, "det R = 0"):
-      lt.factorize(np.zeros((2, 2)), 5)
+    for singular in (np.zeros((2, 2)), rank_deficient(4, 3, -1),
+                     rank_deficient(4, 3, 1)):
+      with self.assertRaisesRegex(ValueError, r"^R is singular to working "
+                                  r"precision"):
+        lt.factorize(singular, 50)
     r = np.diag([math.exp(2.0), 1.0])
     with self.assertRaisesRegex(ValueError, "smallest admissible is 6"):
       lt.factorize(r, 5)
@@ -342,6 +358,8 @@ class BinaryTest(absltest.TestCase):
     np.save(os.path.join(tmp, "R.npy"), cls.target)
     np.save(os.path.join(tmp, "bad.npy"), np.diag([1.0, -1.0]))
     np.savez(os.path.join(tmp, "R.npz"), R=cls.target)
+    for name, sign in (("singular_negative", -1), ("singular_positive", 1)):
+      np.save(os.path.join(tmp, name + ".npy"), rank_deficient(4, 3, sign))
     os.makedirs(os.path.join(tmp, "out_dir"))
     env = dict(os.environ, BUILD_WORKING_DIRECTORY=tmp)
     runs = {
@@ -359,16 +377,20 @@ class BinaryTest(absltest.TestCase):
                                   "--output=out_dir"),
         "descent_diverges": ("descend", "--d=3", "--layers=5", "--steps=50",
                              "--step_size=1e3"),
+        # Rank 3 up to rounding: det < 0 and det > 0 by round-off alone.
+        "singular_negative": ("factorize", "--R=singular_negative.npy",
+                              "--layers=50", "--output=E.npz"),
+        "singular_positive": ("factorize", "--R=singular_positive.npy",
+                              "--layers=2", "--output=F.npz"),
+        "flag_of_another_subcommand": ("factorize", "--R=R.npy",
+                                       "--layers=3", "--output=G.npz",
+                                       "--plot=p.png"),
         # Former subcommands: one line saying what each became.
         "construct_is_now_factorize": ("construct", "--R=R.npy", "--layers=3",
                                        "--output=D.npz"),
         "benchmark_moved": ("benchmark",),
     }
-    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
-      futures = {name: pool.submit(testing.run_binary, "linear_theory", *args,
-                                   env=env)
-                 for name, args in runs.items()}
-      cls.results = {name: f.result() for name, f in futures.items()}
+    cls.results = testing.run_binaries("linear_theory", runs, 4, env=env)
 
   @classmethod
   def tearDownClass(cls):
@@ -441,6 +463,17 @@ class BinaryTest(absltest.TestCase):
                                       r"factorize --R=R.npy",
         "benchmark_moved": r"^error: the subcommand benchmark is now .*"
                            r"//bin:benchmark -- --suite=linear$",
+        # Singular up to rounding: said so, not "flip a row" (det < 0) nor
+        # "too few layers" (gamma = |log sigma_min| is huge).
+        "singular_negative": r"^error: --R=singular_negative.npy: R is "
+                             r"singular to working precision: sigma_min\(R\)"
+                             r" = \S+ <= d eps sigma_max\(R\) .*give a "
+                             r"full-rank R with det R > 0$",
+        "singular_positive": r"^error: --R=singular_positive.npy: R is "
+                             r"singular to working precision",
+        "flag_of_another_subcommand": r"^error: factorize does not take "
+                                      r"--plot; it takes --R, --layers, "
+                                      r"--output$",
     }
     for name, pattern in expected.items():
       with self.subTest(name):
@@ -449,7 +482,9 @@ class BinaryTest(absltest.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertRegex(testing.last_stderr_line(result), pattern)
     self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "C.npz")))
-    self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "D.npz")))
+    for name in "DEFG":
+      self.assertFalse(os.path.exists(os.path.join(self.tmp.name,
+                                                   name + ".npz")))
     self.assertEqual(os.listdir(os.path.join(self.tmp.name, "out_dir")), [])
     self.assertFalse(os.path.exists(os.path.join(self.tmp.name,
                                                  "out_dir.npz")))

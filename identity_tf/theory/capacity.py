@@ -10,8 +10,9 @@ which is below d + 1 only when rho > sqrt(JL_CONSTANT ln n / (d + 1)).
 input dimensions d (the raw inputs, or a PCA fitted on the n points, or a
 seeded Gaussian random projection: `reduction`), and records the count
 against the bound; `plot_sweep` draws it; `held_out` is the constructed
-network's top-1 accuracy on points it was not built from. `run_sweep` is
-what //bin:construct --sweep_n does with them.
+network's top-1 accuracy on points it was not built from (and, with a
+schedule, the same architecture trained by SGD at the smallest n, beside
+it). `run_sweep` is what //bin:construct --sweep_n does with them.
 """
 
 import json
@@ -167,7 +168,7 @@ def check_sweep(sizes, dims, available, d, source):
 
 
 def sweep(x, y, r, sizes, dims, method="pca", seed=0, x_test=None,
-          y_test=None, johnson_lindenstrauss=False, log=None):
+          y_test=None, johnson_lindenstrauss=False, sgd=None, log=None):
   """One construction per n in SIZES (the first n rows of X, Y) and d' in
   DIMS (`reduction` of those n points by METHOD, or the raw inputs when d'
   is X's d); returns one row per pair: `network_figures`, the seconds, and
@@ -175,6 +176,12 @@ def sweep(x, y, r, sizes, dims, method="pca", seed=0, x_test=None,
   all of them). With X_TEST, Y_TEST also the network's `held_out` accuracy
   on them, reduced by the same map. A pair the construction refuses (points
   closer than float64 handles) gets `fitted: false` and the error.
+
+  SGD: (steps, batch size, learning rate), or None. At the smallest n of
+  SIZES (each d'), the same architecture is also trained by SGD on the same
+  points (`construction_sgd.contrast`): its test accuracy goes beside the
+  construction's. Only there, because SGD's cost per step grows with the
+  width k and the depth L of the construction, which grow with n.
   """
   log = log or (lambda message: None)
   rows = []
@@ -185,13 +192,15 @@ def sweep(x, y, r, sizes, dims, method="pca", seed=0, x_test=None,
       axes = principal_axes(x[:n])
     for dim in sorted(dims, reverse=True):
       rows.append(_sweep_row(x[:n], y[:n], r, dim, method, seed, axes,
-                             x_test, y_test, johnson_lindenstrauss, log))
+                             x_test, y_test, johnson_lindenstrauss,
+                             sgd if n == min(sizes) else None, log))
   return rows
 
 
 def _sweep_row(x, y, r, dim, method, seed, axes, x_test, y_test,
-               johnson_lindenstrauss, log):
-  """The sweep's row for the points (X, Y) reduced to DIM coordinates."""
+               johnson_lindenstrauss, sgd, log):
+  """The sweep's row for the points (X, Y) reduced to DIM coordinates (and
+  the SGD contrast on them when SGD is a schedule)."""
   started = time.time()
   mapping = reduction(x, dim, method, seed, axes)
   points = x if mapping is None else mapping.apply(x)
@@ -214,13 +223,21 @@ def _sweep_row(x, y, r, dim, method, seed, axes, x_test, y_test,
   row.update(training_accuracy=fit, fitted=fit == 1.0,
              seconds_construct=result.seconds,
              seconds_verify=time.time() - verify_started)
+  test_points = (None if x_test is None else
+                 x_test if mapping is None else mapping.apply(x_test))
   if x_test is not None:
-    row.update(held_out(result.weights, x_test if mapping is None
-                        else mapping.apply(x_test), y_test))
+    row.update(held_out(result.weights, test_points, y_test))
   row["seconds"] = time.time() - started
   log(f"  k = {row['k']}, L = {row['L']}, rho = {row['rho']:.3g}: "
       f"{row['parameters']:,} parameters = {row['ratio']:.3g} x (n ln n + "
       f"r^2); fits {fit:.6f} of the points ({row['seconds']:.1f} s)")
+  if sgd is not None:
+    from identity_tf.theory import construction_sgd  # pylint: disable=g-import-not-at-top
+    figures, record = construction_sgd.contrast(
+        points, y, r, result.k, result.num_units, sgd, seed, test_points,
+        y_test, log)
+    row.update(figures, sgd_seconds=record["seconds"],
+               sgd_history=record["history"])
   return row
 
 
@@ -281,24 +298,29 @@ def plot_sweep(rows, path, r, title=""):
 
 
 # The figures of each row //bin:construct --sweep_n prints on stdout.
-SUMMARY_KEYS = ("n", "d", "reduce", "k", "L", "parameters", "n_log_n_plus_r2",
-                "ratio", "rho", "fitted", "test_accuracy", "seconds")
+SUMMARY_KEYS = ("n", "d", "reduce", "k", "k_johnson_lindenstrauss", "L",
+                "projection", "parameters", "n_log_n_plus_r2", "ratio", "rho",
+                "fitted", "test_accuracy", "sgd_test_accuracy", "seconds")
 
 
 def run_sweep(x, y, r, output_dir, sizes, dims, *, method="pca", seed=0,
               x_test=None, y_test=None, johnson_lindenstrauss=False,
-              source=None, log=None):
+              sgd=None, source=None, log=None):
   """//bin:construct --sweep_n: `sweep`, then OUTPUT_DIR/sweep.json (every
-  row) and sweep.png (`plot_sweep`); returns the summary it prints.
+  row) and sweep.png (`plot_sweep`); returns the summary it prints. SGD:
+  `sweep`'s.
 
   Raises ValueError after writing both if a network that was built does not
   fit all of its points (a bug).
   """
   started = time.time()
   rows = sweep(x, y, r, sizes, dims, method, seed, x_test, y_test,
-               johnson_lindenstrauss, log)
+               johnson_lindenstrauss, sgd, log)
   report = {"source": source, "r": r, "reduce": method, "seed": seed,
             "johnson_lindenstrauss": johnson_lindenstrauss,
+            "sgd": (None if sgd is None else
+                    dict(zip(("steps", "batch_size", "learning_rate"), sgd),
+                         at_n=min(sizes))),
             "jl_constant": construction.JL_CONSTANT, "rows": rows,
             "seconds": time.time() - started}
   json_path = os.path.join(output_dir, "sweep.json")

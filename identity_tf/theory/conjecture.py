@@ -101,21 +101,38 @@ def forward(u, b, v, x, identity):
   return h
 
 
+def preactivations(u, b, v, x, identity):
+  """Per unit i, U_i h + b_i at every sample: (B, n, m) tensors, one a unit,
+  on the forward pass of `forward`."""
+  h = x
+  keep = identity[:, None, None]
+  found = []
+  for i in range(u.shape[1]):
+    found.append(tf.einsum("bnd,bmd->bnm", h, u[:, i]) + b[:, i, None, :])
+    h = keep * h + tf.einsum("bnm,bdm->bnd", tf.nn.relu(found[-1]), v[:, i])
+  return found
+
+
 def dead_hidden(u, b, v, x, identity):
   """Per network, the hidden ReLUs (over all units) off on every sample.
 
   Such a ReLU gets no gradient and never turns back on: a network with one
   has fewer usable hidden units than the teacher.
   """
-  h = x
-  keep = identity[:, None, None]
-  dead = tf.zeros([tf.shape(u)[0]], dtype=tf.int32)
-  for i in range(u.shape[1]):
-    before = tf.einsum("bnd,bmd->bnm", h, u[:, i]) + b[:, i, None, :]
-    off = tf.reduce_all(before <= 0, axis=1)
-    dead += tf.reduce_sum(tf.cast(off, tf.int32), axis=1)
-    h = keep * h + tf.einsum("bnm,bdm->bnd", tf.nn.relu(before), v[:, i])
-  return dead
+  return sum(tf.reduce_sum(tf.cast(tf.reduce_all(before <= 0, axis=1),
+                                   tf.int32), axis=1)
+             for before in preactivations(u, b, v, x, identity))
+
+
+def kink_distance(u, b, v, x, identity):
+  """Per network, min |U_i h + b_i| over units, samples and hidden ReLUs:
+  how close the weights are to a kink of the loss, where a ReLU switches at
+  a training point and the gradient jumps. Descent that converges onto a
+  kink drives it to round-off; at a random point it is about the
+  pre-activations' scale over n m L, the number of them."""
+  return tf.reduce_min(tf.stack([
+      tf.reduce_min(tf.abs(before), axis=[1, 2])
+      for before in preactivations(u, b, v, x, identity)]), axis=0)
 
 
 def network(weights, x, residual=True):
@@ -191,9 +208,10 @@ def train_batch(task, steps, learning_rate, chunk=500, progress=None):
 
   Returns arrays with one row per step t = 0..STEPS (the state after t
   steps) and one column per network: "loss" (relative), "gradient"
-  (||grad||, all of U, b, V), "unit_norm"; and per network (B,):
-  "dead_hidden" at the end (`dead_hidden`) and "diverged", the first step
-  whose update was not finite, -1 if none.
+  (||grad||, all of U, b, V), "unit_norm"; and per network (B,), at the
+  end: "dead_hidden" (`dead_hidden`) and "kink_distance"
+  (`kink_distance`); "diverged", the first step whose update was not
+  finite, -1 if none.
   """
   u, b, v = (tf.constant(task[name]) for name in ("u", "b", "v"))
   fixed = [tf.constant(task[name]) for name in ("x", "y", "identity",
@@ -226,6 +244,7 @@ def train_batch(task, steps, learning_rate, chunk=500, progress=None):
                                 (~finite).argmax(axis=0))
   x, identity = fixed[0], fixed[2]
   result["dead_hidden"] = dead_hidden(u, b, v, x, identity).numpy()
+  result["kink_distance"] = kink_distance(u, b, v, x, identity).numpy()
   return result
 
 
@@ -297,6 +316,19 @@ OUTCOMES = ("reached", "stalled_critical", "plateau", "descending",
             "diverged")
 
 
+def smallest_gradient_on_path(run, tolerance):
+  """Per network, (the smallest ||grad|| at a step whose relative loss is
+  above TOLERANCE, that step), or (inf, -1) if there is none.
+
+  `classify` reads the last step only; a path that slows down at a
+  near-critical point (a saddle, a plateau) and then leaves it shows here.
+  """
+  above = np.where(run["loss"] > tolerance, run["gradient"], np.inf)
+  steps = np.argmin(above, axis=0)
+  smallest = above[steps, np.arange(above.shape[1])]
+  return smallest, np.where(np.isfinite(smallest), steps, -1)
+
+
 def classify(run, tolerance, stall_gradient):
   """One outcome (OUTCOMES) per network of a `train_batch` result.
 
@@ -332,13 +364,19 @@ def _median_max(values):
   return {"median": float(np.median(values)), "max": max(values)}
 
 
-def summarize(run, task, columns, outcomes, tolerance):
-  """What one (cell, init norm, family) reports over its seeds (COLUMNS)."""
+def summarize(run, task, columns, outcomes, tolerance, stall_gradient):
+  """What one (cell, init norm, family) reports over its seeds (COLUMNS).
+
+  `near_critical_on_path` counts the runs whose gradient fell to
+  STALL_GRADIENT at some step with the loss above TOLERANCE (at the start,
+  a saddle met on the way, or the end), whether or not they left.
+  """
   loss = run["loss"][:, columns]
   reached = [int(np.argmax(loss[:, k] <= tolerance))
              for k in range(loss.shape[1]) if np.min(loss[:, k]) <= tolerance]
   above = np.where(loss > tolerance, run["gradient"][:, columns], np.inf)
   chosen = [outcomes[j] for j in columns]
+  path_gradient, path_step = smallest_gradient_on_path(run, tolerance)
   return {
       "runs": len(columns),
       **{outcome: chosen.count(outcome) for outcome in OUTCOMES},
@@ -348,10 +386,20 @@ def summarize(run, task, columns, outcomes, tolerance):
       "final_gradient_norm": _median_max(run["gradient"][-1, columns]),
       "min_gradient_norm_above_tolerance": (
           float(np.min(above)) if np.isfinite(np.min(above)) else None),
+      # Per seed: the smallest ||grad|| on the path while the loss was above
+      # the tolerance, and its step (null: the loss never was).
+      "min_gradient_norm_above_tolerance_by_seed": [
+          float(path_gradient[j]) if np.isfinite(path_gradient[j]) else None
+          for j in columns],
+      "min_gradient_step_by_seed": [int(path_step[j]) for j in columns],
+      "near_critical_on_path": int(sum(
+          path_gradient[j] <= stall_gradient for j in columns)),
       "path_max_unit_norm": _median_max(
           run["unit_norm"][:, columns].max(axis=0)),
       "teacher_unit_norm": _median_max(task["teacher_unit_norm"][columns]),
       "dead_hidden_by_seed": [int(run["dead_hidden"][j]) for j in columns],
+      "kink_distance_by_seed": [float(run["kink_distance"][j])
+                                for j in columns],
       "final_losses_by_seed": [float(value) for value in loss[-1]],
   }
 
@@ -368,7 +416,7 @@ def check_grid(depths, widths, hidden, init_norms, seeds, samples, steps,
       ("--hidden", hidden is None or hidden >= 1, ">= 1"),
       ("--init_norms", init_norms and all(0 <= s < np.inf
                                           for s in init_norms),
-       "numbers >= 0"),
+       "finite numbers >= 0"),
       ("--seeds", seeds >= 1, ">= 1"),
       ("--samples", samples >= 1, ">= 1"),
       ("--steps", steps >= 1, ">= 1"),
@@ -396,6 +444,7 @@ def run_probe(depths, widths, init_norms, seeds, samples, steps,
   say = progress or (lambda message: None)
   cells, curves = [], []
   totals = {family: dict.fromkeys(OUTCOMES, 0) for family in FAMILIES}
+  near_critical = dict.fromkeys(FAMILIES, 0)
   for depth in depths:
     for width in widths:
       m = width if hidden is None else hidden
@@ -417,7 +466,9 @@ def run_probe(depths, widths, init_norms, seeds, samples, steps,
           columns = [j for j, label in enumerate(task["labels"])
                      if label["init_norm"] == norm
                      and label["family"] == family]
-          cell[family] = summarize(run, task, columns, outcomes, tolerance)
+          cell[family] = summarize(run, task, columns, outcomes, tolerance,
+                                   stall_gradient)
+          near_critical[family] += cell[family]["near_critical_on_path"]
         cells.append(cell)
   report = {
       "probe": "Section 5's conjecture: teacher-student, unit "
@@ -428,6 +479,9 @@ def run_probe(depths, widths, init_norms, seeds, samples, steps,
                             steps, learning_rate, teacher_norm, tolerance,
                             stall_gradient, hidden),
       "totals": totals,
+      # Runs that met ||grad|| <= stall_gradient above the tolerance
+      # anywhere on their path (`summarize`), per family.
+      "near_critical_on_path": near_critical,
       "cells": cells,
   }
   return report, curves

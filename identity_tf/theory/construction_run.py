@@ -12,12 +12,12 @@ summary.
 """
 
 import json
-import math
 import os
 import time
 
 import numpy as np
 
+from identity_tf import cli
 from identity_tf.theory import capacity
 from identity_tf.theory import construction
 
@@ -92,6 +92,10 @@ def _prepare_output_dir(output_dir):
   return output_dir
 
 
+def _print_json(summary):
+  print(json.dumps(summary), flush=True)
+
+
 # The report's figures //bin:construct prints on stdout, as one JSON line
 # (those present: the test and SGD figures only when measured).
 SUMMARY_KEYS = ("n", "d", "r", "k", "L", "projection", "parameters",
@@ -104,7 +108,7 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
                       dataset=None, num_examples=1000, data_dir=None,
                       num_classes=None, test_examples=-1, sweep_n=None,
                       sweep_dims=None, reduce="pca", reduced_dim=None,
-                      log=print, emit=print, **options):
+                      log=None, emit=None, **options):
   """//bin:construct: fits the points of DATA or of DATASET, writes the network.
 
   DATA: an .npz with x and y (and optionally x_test, y_test), recorded in
@@ -115,14 +119,19 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
   REDUCED_DIM: the inputs reduced to that many coordinates by REDUCE
   (`capacity.reduction`, fitted on the training points). SWEEP_N (and
   SWEEP_DIMS): `capacity.run_sweep` over the first n points instead of one
-  construction. OPTIONS go to `run`. Emits the summary and returns the
+  construction (with the sgd_* OPTIONS, SGD at its smallest n). OPTIONS go
+  to `run`. Emits the summary and returns the
   report; raises ValueError (one line) for bad flags or input, and for a
-  network that does not fit every checked training point (a bug).
+  network that does not fit every checked training point (a bug). LOG
+  (progress lines) defaults to stderr, EMIT (the summary) to one JSON line
+  on stdout.
   """
+  log = log or cli.print_stderr
+  emit = emit or _print_json
   if (data is None) == (dataset is None):
     raise ValueError("give exactly one of --data=points.npz or "
                      "--dataset=NAME --num_examples=N")
-  sizes, dims = _check_sweep_flags(sweep_n, sweep_dims, reduced_dim, options)
+  sizes, dims = _check_sweep_flags(sweep_n, sweep_dims, reduced_dim)
   if sizes:
     num_examples = sizes[-1]
   x, y, x_test, y_test, num_classes, source = _read_points(
@@ -137,7 +146,7 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
         x, y, r, output_dir, sizes, dims, method=reduce,
         seed=options.get("seed", 0), x_test=x_test, y_test=y_test,
         johnson_lindenstrauss=options.get("johnson_lindenstrauss", False),
-        source=source, log=log)
+        sgd=_sgd_schedule(options), source=source, log=log)
     emit(summary)
     return summary
   mapping = None
@@ -161,7 +170,16 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
   return report
 
 
-def _check_sweep_flags(sweep_n, sweep_dims, reduced_dim, options):
+def _sgd_schedule(options):
+  """(steps, batch size, learning rate) of the --sgd_* OPTIONS, or None
+  without --sgd_steps."""
+  if not options.get("sgd_steps"):
+    return None
+  return (options["sgd_steps"], options.get("sgd_batch_size", 128),
+          options.get("sgd_learning_rate", 0.1))
+
+
+def _check_sweep_flags(sweep_n, sweep_dims, reduced_dim):
   """(sizes, dims) of --sweep_n and --sweep_dims (None when not given);
   ValueError (one line) for flags that do not go together."""
   if sweep_n is None:
@@ -172,9 +190,8 @@ def _check_sweep_flags(sweep_n, sweep_dims, reduced_dim, options):
   if reduced_dim is not None:
     raise ValueError("--reduced_dim is for one construction; with --sweep_n "
                      "give the dimensions as --sweep_dims")
-  if options.get("sgd_steps"):
-    raise ValueError("--sgd_steps trains one network; drop it with --sweep_n "
-                     "(or run one n with --num_examples)")
+  # --sgd_steps is allowed: the sweep trains SGD at its smallest n
+  # (`capacity.sweep`).
   sizes = capacity.parse_positive_list(sweep_n, "sweep_n")
   dims = (None if sweep_dims is None
           else capacity.parse_positive_list(sweep_dims, "sweep_dims"))
@@ -345,31 +362,12 @@ def _construction_figures(result, x, r):
 def _sgd_contrast(x, y, r, result, output_dir, schedule, seed, x_test, y_test,
                   log):
   """Trains the same architecture by SGD (SCHEDULE: steps, batch size,
-  learning rate), writes sgd.json; the report's figures of it, with its
-  top-1 accuracy on X_TEST when given."""
+  learning rate; `construction_sgd.contrast`), writes sgd.json; the
+  report's figures of it, with its top-1 accuracy on X_TEST when given."""
   from identity_tf.theory import construction_sgd  # pylint: disable=g-import-not-at-top
-  steps, batch_size, learning_rate = schedule
-  log(f"SGD contrast: the same architecture (k = {result.k}, L = "
-      f"{result.num_units}) from the paper's init, {steps} steps")
-  started = time.time()
-  history, model = construction_sgd.train_by_sgd(
-      x, y, r, result.k, result.num_units, steps, batch_size=batch_size,
-      learning_rate=learning_rate, seed=seed, log=log)
-  figures = {"sgd_final_training_accuracy": history[-1][1],
-             "sgd_steps_run": history[-1][0]}
-  if x_test is not None:
-    logits = np.concatenate([
-        np.asarray(model(x_test[start:start + 4096].astype(np.float32)))
-        for start in range(0, len(x_test), 4096)])
-    figures["sgd_test_accuracy"] = float(
-        np.mean(np.argmax(logits, axis=1) == y_test))
-    log(f"SGD test accuracy: {figures['sgd_test_accuracy']:.4f}")
-  sgd = {"steps": steps, "batch_size": batch_size,
-         "learning_rate": learning_rate,
-         "history": [{"step": s, "training_accuracy": a} for s, a in history],
-         "final_training_accuracy": history[-1][1],
-         "test_accuracy": figures.get("sgd_test_accuracy"),
-         "seconds": time.time() - started}
+  figures, record = construction_sgd.contrast(
+      x, y, r, result.k, result.num_units, schedule, seed, x_test, y_test,
+      log)
   with open(os.path.join(output_dir, "sgd.json"), "w") as f:
-    json.dump(sgd, f, indent=2)
+    json.dump(record, f, indent=2)
   return figures

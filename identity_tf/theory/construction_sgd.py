@@ -1,5 +1,7 @@
 """The contrast to the construction: the same architecture trained by SGD."""
 
+import time
+
 import keras
 import numpy as np
 
@@ -48,3 +50,42 @@ def train_by_sgd(x, y, num_classes, k, num_units, steps, batch_size=128,
       if fit == 1.0:
         break
   return history, model
+
+
+def contrast(x, y, num_classes, k, num_units, schedule, seed=0, x_test=None,
+             y_test=None, log=None):
+  """`train_by_sgd` with SCHEDULE (steps, batch size, learning rate) on the
+  architecture of a construction (width K, NUM_UNITS units), measured.
+
+  Returns (figures, record): figures for a report --
+  sgd_final_training_accuracy, sgd_steps_run and, with X_TEST, Y_TEST,
+  sgd_test_accuracy (top-1 of the trained model on them) -- and the record
+  of the run (its schedule, history and seconds; sgd.json).
+  """
+  log = log or (lambda message: None)
+  steps, batch_size, learning_rate = schedule
+  log(f"SGD contrast: the same architecture (k = {k}, L = {num_units}) from "
+      f"the paper's init, {steps} steps")
+  started = time.time()
+  history, model = train_by_sgd(
+      x, y, num_classes, k, num_units, steps, batch_size=batch_size,
+      learning_rate=learning_rate, seed=seed, log=log)
+  figures = {"sgd_final_training_accuracy": history[-1][1],
+             "sgd_steps_run": history[-1][0]}
+  if x_test is not None:
+    # In chunks: a whole test split at width k at once is k floats per point
+    # per unit.
+    logits = np.concatenate([
+        np.asarray(model(np.asarray(x_test[start:start + 4096], np.float32)))
+        for start in range(0, len(x_test), 4096)])
+    figures["sgd_test_accuracy"] = float(
+        np.mean(np.argmax(logits, axis=1) == y_test))
+    log(f"SGD test accuracy: {figures['sgd_test_accuracy']:.4f}")
+  record = {"steps": steps, "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "history": [{"step": s, "training_accuracy": a}
+                        for s, a in history],
+            "final_training_accuracy": history[-1][1],
+            "test_accuracy": figures.get("sgd_test_accuracy"),
+            "seconds": time.time() - started}
+  return figures, record

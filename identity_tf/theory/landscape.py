@@ -5,11 +5,12 @@ with |||A||| <= tau is a global minimum, because (2.3)
 ||grad f(A)||_F^2 >= mu (f(A) - f_opt), mu = 4 l (1 - tau)^(2l-2)
 sigma_min(Sigma) (`linear.pl_constant`). A proof says nothing about what
 gradient descent does, so this module runs it: from random starts with
-|||A||| = tau, on f in the closed form of Claim 2.3 with the gradient of
-Lemma 2.4 (`linear._risk_and_gradient`, the graph behind
-`linear.risk_and_gradient`), and records whether each run reaches
-f - f_opt <= epsilon, how far from the identity it went, and the smallest
-||grad f||_F^2 / (f - f_opt) it met. Two contrasts from the same starts:
+|||A||| = tau, on the excess risk f - f_opt = tr(E Sigma E^T) of Claim 2.3
+with the gradient of Lemma 2.4 (`linear._excess_risk_and_gradient`, the
+graph behind `linear.risk_and_gradient`), and records whether each run
+reaches f - f_opt <= epsilon, how far from the identity it went, and the
+smallest ||grad f||_F^2 / (f - f_opt) it met. Two contrasts from the same
+starts:
 
 * plain: W_l ... W_1 with W_i = A_i, i.e. started next to W = 0, where
   every gradient is a product of l - 1 near-zero matrices (a saddle for
@@ -17,7 +18,9 @@ f - f_opt <= epsilon, how far from the identity it went, and the smallest
 * det R < 0: R with its first row negated. For ||A_i|| < 1,
   det(I + A_i) > 0 (det(I + t A_i) never vanishes on t in [0, 1]), so no
   product (I + A_l)...(I + A_1) inside B_1 has det < 0, and inside B_1
-  f - f_opt >= sigma_min(Sigma) sigma_min(R)^2 (`negative_det_floor`).
+  f - f_opt >= sigma_min(Sigma) sigma_min(R)^2 (`negative_det_floor`); a
+  run reaches the optimum only by leaving B_1, and `crossings` says where:
+  the step, the layer whose norm crossed 1, and f - f_opt there.
 
 Float64 and tf.linalg throughout; NumPy draws the random instances and does
 the bookkeeping on the recorded per-step scalars.
@@ -31,8 +34,10 @@ import tensorflow as tf
 from identity_tf.theory import linear
 
 DTYPE = linear.DTYPE
-# ||grad f||^2 / (f - f_opt) is read only where f - f_opt is at least this:
-# f is computed as (f - f_opt) + d, so below it the ratio is round-off.
+# ||grad f||^2 / (f - f_opt) is read only where f - f_opt is at least this.
+# E = (I + A_l)...(I + A_1) - R carries the product's rounding, of order
+# l d eps ||R||; at f - f_opt >= 1e-9, ||E|| >= 3e-5 / sqrt(sigma_max(Sigma))
+# is orders of magnitude above it, so the ratio is E's, not round-off's.
 RATIO_FLOOR = 1e-9
 # How a start is drawn (the report repeats it).
 START_RULE = ("A_1 with ||A_1|| = tau exactly, A_i (i > 1) with ||A_i|| = "
@@ -120,33 +125,34 @@ def draw_starts(count, layers, d, tau, seed):
 def batched_risk_and_gradient(a, targets, sigma):
   """(f - f_opt, grad f) for a batch of layer stacks, each with its own R.
 
-  A (batch, l, d, d), TARGETS (batch, d, d). f is Claim 2.3's closed form and
-  grad f Lemma 2.4's, both from `linear._risk_and_gradient` (the traced core
-  of `linear.risk_and_gradient`; its public wrapper checks its inputs on the
+  A (batch, l, d, d), TARGETS (batch, d, d). f - f_opt = tr(E Sigma E^T) is
+  Claim 2.3's excess risk, summed from E (so gaps far below d eps are
+  representable), and grad f Lemma 2.4's, both from
+  `linear._excess_risk_and_gradient` (the traced core of
+  `linear.risk_and_gradient`; its public wrapper checks its inputs on the
   host, which a traced loop cannot), vectorized over the batch.
   """
   def one(args):
     # pylint: disable-next=protected-access
-    return linear._risk_and_gradient(args[0], args[1], sigma)
-  values, gradients = tf.vectorized_map(one, (a, targets))
-  d = tf.cast(tf.shape(a)[-1], DTYPE)
-  return values - linear.NOISE_VARIANCE * d, gradients
+    return linear._excess_risk_and_gradient(args[0], args[1], sigma)
+  return tf.vectorized_map(one, (a, targets))
 
 
 @tf.function(reduce_retracing=True)
 def _batched_step(a, targets, sigma, step_size):
-  """One step for every start; (next A, f - f_opt, |||A|||, ||grad f||_F^2).
+  """One step for every start: (next A, f - f_opt, ||A_i|| per layer,
+  ||grad f||_F^2, finite).
 
   A run whose next iterate is not finite keeps its A (and `finite` says so),
   so that the SVD never sees a NaN.
   """
   gaps, gradients = batched_risk_and_gradient(a, targets, sigma)
-  norms = tf.reduce_max(tf.linalg.svd(a, compute_uv=False)[..., 0], axis=-1)
+  layer_norms = tf.linalg.svd(a, compute_uv=False)[..., 0]
   squares = tf.reduce_sum(tf.square(gradients), axis=[1, 2, 3])
   candidate = a - step_size * gradients
   finite = tf.reduce_all(tf.math.is_finite(candidate), axis=[1, 2, 3])
   following = tf.where(finite[:, None, None, None], candidate, a)
-  return following, gaps, norms, squares, finite
+  return following, gaps, layer_norms, squares, finite
 
 
 def descend_batch(a, targets, sigma, steps, step_size, progress=None):
@@ -155,19 +161,21 @@ def descend_batch(a, targets, sigma, steps, step_size, progress=None):
   A: (batch, l, d, d) layers (the residual parametrisation; the plain one is
   A = W - I); TARGETS: (batch, d, d), one R per start. Returns arrays with one
   row per step t = 0..STEPS (the state after t steps) and one column per
-  start: "gap" (f - f_opt), "norm" (|||A|||), "grad_sq" (||grad f||_F^2),
-  and "diverged" (batch,): the first step whose update was not finite, -1
-  if none (a diverged run's later rows repeat its last finite state).
+  start: "gap" (f - f_opt), "norm" (|||A|||), "grad_sq" (||grad f||_F^2);
+  "layer_norms" (steps + 1, batch, l), ||A_i|| with A_1 first; and
+  "diverged" (batch,): the first step whose update was not finite, -1 if
+  none (a diverged run's later rows repeat its last finite state).
   """
   a = tf.constant(np.asarray(a, np.float64))
   targets = tf.constant(np.asarray(targets, np.float64))
   sigma = tf.constant(np.asarray(sigma, np.float64))
   step = tf.constant(step_size, dtype=DTYPE)
-  rows = {"gap": [], "norm": [], "grad_sq": []}
+  rows = {"gap": [], "layer_norms": [], "grad_sq": []}
   diverged = np.full(a.shape[0], -1)
   for t in range(steps + 1):
-    a, gaps, norms, squares, finite = _batched_step(a, targets, sigma, step)
-    for name, value in zip(rows, (gaps, norms, squares)):
+    a, gaps, layer_norms, squares, finite = _batched_step(a, targets, sigma,
+                                                          step)
+    for name, value in zip(rows, (gaps, layer_norms, squares)):
       rows[name].append(value.numpy())
     newly = (diverged < 0) & ~finite.numpy()
     diverged[newly] = t
@@ -176,6 +184,7 @@ def descend_batch(a, targets, sigma, steps, step_size, progress=None):
                f"{np.min(rows['gap'][-1]):.2e} to "
                f"{np.max(rows['gap'][-1]):.2e} over the batch")
   result = {name: np.stack(values) for name, values in rows.items()}
+  result["norm"] = result["layer_norms"].max(axis=-1)
   result["diverged"] = diverged
   return result
 
@@ -208,29 +217,42 @@ def _steps_to_half(gap):
   return first_true(gap <= 0.5 * gap[:1])
 
 
-def residual_summary(run, epsilon, tau, layers, sigma_min):
-  """Success, steps, |||A||| along each path, and (2.3) met along the paths.
+def _path_norms(run, reached):
+  """Per start, the largest |||A||| on its path: up to the step it reached
+  epsilon (REACHED >= 0), else to the end; and the (steps + 1, batch) mask
+  of the path's steps."""
+  steps = run["gap"].shape[0]
+  ends = np.where(reached >= 0, reached, steps - 1)
+  on_path = np.arange(steps)[:, None] <= ends[None, :]
+  return np.where(on_path, run["norm"], 0.0).max(axis=0), on_path
 
-  A path is followed up to the step it reached EPSILON (else to the end).
-  The smallest ||grad f||^2 / (f - f_opt) is taken over those steps with
-  f - f_opt > max(EPSILON, RATIO_FLOOR) and set against mu =
-  `linear.pl_constant`(l, tau_path, sigma_min) with tau_path the largest
-  |||A||| met on the cell's paths: (2.3) says the quotient is >= 1 whenever
-  tau_path < 1 (else the bound says nothing: null).
+
+def _optional(values):
+  """A list for JSON: floats, with None for NaN (nothing to report)."""
+  return [None if np.isnan(v) else float(v) for v in values]
+
+
+def residual_summary(run, epsilon, tau, layers, sigma_min):
+  """Success, steps, |||A||| along each path, and (2.3) met along each path.
+
+  Per start, its path (up to the step it reached EPSILON, else to the end)
+  lies in B_tau_path, tau_path = its largest |||A|||. Its smallest
+  ||grad f||^2 / (f - f_opt), over steps with f - f_opt > max(EPSILON,
+  RATIO_FLOOR), is divided by mu = `linear.pl_constant`(l, tau_path,
+  sigma_min) of that path: (2.3) says the quotient is >= 1 whenever
+  tau_path < 1 (Theorem 2.2); for tau_path >= 1 the bound says nothing and
+  the quotient is null.
   """
   reached = _reached(run, epsilon)
-  count = reached.size
-  ends = np.where(reached >= 0, reached, run["gap"].shape[0] - 1)
-  rows = np.arange(run["gap"].shape[0])[:, None]
-  on_path = rows <= ends[None, :]
-  path_norm = np.where(on_path, run["norm"], 0.0).max(axis=0)
+  path_norm, on_path = _path_norms(run, reached)
   usable = on_path & (run["gap"] > max(epsilon, RATIO_FLOOR))
   ratios = np.where(usable, run["grad_sq"] / np.where(usable, run["gap"], 1.0),
-                    np.inf)
-  min_ratio = float(ratios.min()) if usable.any() else None
-  tau_path = float(path_norm.max())
-  mu = (linear.pl_constant(layers, tau_path, sigma_min) if tau_path < 1
-        else None)
+                    np.inf).min(axis=0)
+  quotients = np.array([
+      ratio / linear.pl_constant(layers, norm, sigma_min)
+      if norm < 1 and np.isfinite(ratio) else np.nan
+      for ratio, norm in zip(ratios, path_norm)])
+  finite = ratios[np.isfinite(ratios)]
   return {
       "reached_fraction": float(np.mean(reached >= 0)),
       "steps_to_epsilon": _median_max(reached),
@@ -238,16 +260,18 @@ def residual_summary(run, epsilon, tau, layers, sigma_min):
       "final_gap": {"median": float(np.median(run["gap"][-1])),
                     "max": float(np.max(run["gap"][-1]))},
       "path_max_norm": {"median": float(np.median(path_norm)),
-                        "max": tau_path},
+                        "max": float(path_norm.max())},
+      "path_max_norm_by_start": [float(v) for v in path_norm],
       "stayed_in_B_tau_fraction": float(np.mean(
           path_norm <= tau * (1 + 1e-12) + 1e-15)),
       "stayed_in_B_1_fraction": float(np.mean(path_norm < 1.0)),
-      "min_ratio": min_ratio,
-      "pl_constant_at_path_max_norm": mu,
-      "min_ratio_over_pl_constant": (min_ratio / mu if mu and min_ratio
-                                     is not None else None),
+      "min_ratio": float(finite.min()) if finite.size else None,
+      "min_ratio_over_pl_constant": (float(np.nanmin(quotients))
+                                     if np.isfinite(quotients).any()
+                                     else None),
+      "min_ratio_over_pl_constant_by_start": _optional(quotients),
       "diverged": int(np.sum(run["diverged"] >= 0)),
-      "starts": count,
+      "starts": int(reached.size),
   }
 
 
@@ -266,22 +290,56 @@ def plain_summary(run, epsilon):
   }
 
 
-def negative_det_summary(run, epsilon, floor):
-  """det R < 0: where |||A||| first reaches 1, the final gap, and the floor.
+def crossings(run):
+  """Per start, where its path first leaves B_1 (|||A||| >= 1), or None.
 
-  `floor_holds`: f - f_opt >= FLOOR (`negative_det_floor`) at every step
-  with |||A||| < 1, as the determinant argument requires.
+  {"step", "layer": the i of the largest ||A_i|| there (A_1 applied first),
+  "layer_norm", "gap": f - f_opt there, "gap_before": f - f_opt one step
+  earlier, the last state inside B_1}.
+  """
+  crossed = first_true(run["norm"] >= 1.0)
+  found = []
+  for j, step in enumerate(crossed):
+    if step < 0:
+      found.append(None)
+      continue
+    norms = run["layer_norms"][step, j]
+    found.append({"step": int(step), "layer": int(np.argmax(norms)) + 1,
+                  "layer_norm": float(np.max(norms)),
+                  "gap": float(run["gap"][step, j]),
+                  "gap_before": (float(run["gap"][step - 1, j]) if step
+                                 else None)})
+  return found
+
+
+def negative_det_summary(run, epsilon, floor):
+  """det R < 0: where each path leaves B_1, the final gap, and the floor.
+
+  `crossings` per start; `floor_holds`: f - f_opt >= FLOOR
+  (`negative_det_floor`) at every step with |||A||| < 1, as the determinant
+  argument requires.
   """
   reached = _reached(run, epsilon)
   crossed = first_true(run["norm"] >= 1.0)
+  where = crossings(run)
+  left = [c for c in where if c is not None]
   inside = run["norm"] < 1.0
   gaps_inside = run["gap"][inside]
   min_inside = float(gaps_inside.min()) if gaps_inside.size else None
   final = run["gap"][-1]
+  layers = [c["layer"] for c in left]
   return {
       "reached_fraction": float(np.mean(reached >= 0)),
       "crossed_1_fraction": float(np.mean(crossed >= 0)),
       "crossing_step": _median_max(crossed),
+      "crossing_layer_counts": {str(i): layers.count(i)
+                                for i in sorted(set(layers))},
+      "gap_at_crossing": ({"median": float(np.median([c["gap"]
+                                                      for c in left])),
+                           "min": min(c["gap"] for c in left)}
+                          if left else None),
+      "crossings_by_start": where,
+      "path_max_norm_by_start": [float(v) for v in run["norm"].max(axis=0)],
       "reached_without_crossing_1": int(np.sum(
           (reached >= 0) & ((crossed < 0) | (crossed > reached)))),
       "final_gap": {"median": float(np.median(final)),
@@ -324,6 +382,20 @@ def _depth_batch(r, flipped, d, layers, taus, starts, seed):
   return batch, targets, count
 
 
+def check_positive_definite(sigma):
+  """ValueError unless the symmetric SIGMA is positive definite to working
+  precision: (2.3)'s mu is proportional to sigma_min(Sigma), so with
+  sigma_min(Sigma) = 0 Theorem 2.2 says nothing."""
+  values = np.linalg.eigvalsh(sigma)
+  tolerance = len(values) * np.finfo(np.float64).eps * max(values[-1], 0.0)
+  if not values[0] > tolerance:
+    raise ValueError(
+        f"Sigma is not positive definite: its smallest eigenvalue is "
+        f"{values[0]:.3g} (at most d eps sigma_max = {tolerance:.3g}), and "
+        f"(2.3)'s mu = 4 l (1 - tau)^(2l-2) sigma_min(Sigma) needs "
+        f"sigma_min(Sigma) > 0; give Sigma = E[x x^T] of full rank")
+
+
 def _check_grid(depths, taus, starts, steps, epsilon, step_size):
   if not depths or any(int(l) != l or l < 1 for l in depths):
     raise ValueError(f"depths must be integers >= 1, got {list(depths)}")
@@ -345,12 +417,16 @@ def run_landscape(r, sigma, depths, taus, starts, steps, epsilon, seed=0,
   Returns (report, curves): report["cells"] holds, per (l, tau),
   `residual_summary`, `plain_summary` and `negative_det_summary`; curves
   {l: {kind: {"gap", "norm"}}} are medians over the depth's starts per step
-  (for `plot_landscape`). Raises ValueError for det R <= 0 or a bad grid.
+  (for `plot_landscape`). Raises ValueError for an R that is singular to
+  working precision or has det R <= 0, a Sigma that is not positive
+  definite, or a bad grid.
   """
   r = linear.check_matrix(r).numpy()
   d = r.shape[0]
   sigma = linear.check_covariance(sigma, d).numpy()
+  check_positive_definite(sigma)
   _check_grid(depths, taus, starts, steps, epsilon, step_size)
+  linear.check_invertible(np.linalg.svd(r, compute_uv=False))
   sign, _ = np.linalg.slogdet(r)
   if sign <= 0:
     raise ValueError("det R <= 0: no product (I + A_l)...(I + A_1) with "
@@ -442,7 +518,9 @@ def plot_landscape(report, curves, path):
     color = f"C{n}"
     for kind, style in styles.items():
       run = curves[layers][kind]
-      gaps.semilogy(np.maximum(run["gap"], 1e-16), style, color=color,
+      # An exact fit (gap 0) has no place on a log axis: left out.
+      gaps.semilogy(np.where(run["gap"] > 0, run["gap"], np.nan), style,
+                    color=color,
                     label=f"l = {layers}, {kind}")
       if kind != "plain":
         norms.plot(run["norm"], style, color=color,

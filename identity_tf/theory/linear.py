@@ -199,7 +199,13 @@ def monte_carlo_risk(a, r, sigma, samples=100_000, seed=0):
 # The gradient (Lemma 2.4).
 
 @tf.function(reduce_retracing=True)
-def _risk_and_gradient(a, r, sigma):
+def _excess_risk_and_gradient(a, r, sigma):
+  """(f(A) - f_opt, grad f(A)): Claim 2.3's excess risk and Lemma 2.4.
+
+  f - f_opt = ||E Sigma^{1/2}||_F^2 = tr(E Sigma E^T) with E = (I + A_l)...
+  (I + A_1) - R is summed from E itself, not taken as f - d: a difference
+  with d rounds every gap below ~d eps to 0, and descent goes far below it.
+  """
   eye = tf.eye(tf.shape(a)[-1], dtype=DTYPE)
   factors = eye + a
   # prefix[j] = M_{j+1} ... M_1 and suffix[j] = M_l ... M_{j+1} (1-based M).
@@ -212,9 +218,7 @@ def _risk_and_gradient(a, r, sigma):
   error_sigma = tf.matmul(error, sigma)
   gradient = 2.0 * tf.matmul(tf.matmul(after, error_sigma, transpose_a=True),
                              before, transpose_b=True)
-  value = (tf.reduce_sum(error_sigma * error)
-           + NOISE_VARIANCE * tf.cast(tf.shape(a)[-1], DTYPE))
-  return value, gradient
+  return tf.reduce_sum(error_sigma * error), gradient
 
 
 def risk_and_gradient(a, r, sigma):
@@ -230,8 +234,8 @@ def risk_and_gradient(a, r, sigma):
   if a.shape[-1] != r.shape[0]:
     raise ValueError(f"layers are {a.shape[-1]} x {a.shape[-1]} but R is "
                      f"{r.shape[0]} x {r.shape[0]}")
-  value, gradient = _risk_and_gradient(a, r, sigma)
-  return float(value), gradient
+  excess, gradient = _excess_risk_and_gradient(a, r, sigma)
+  return float(excess) + optimal_risk(r.shape[0]), gradient
 
 
 def risk_gradient(a, r, sigma):
@@ -419,6 +423,40 @@ def _split_layers(layers, angle, singular):
   return best[1], best[2]
 
 
+def _check_layer_count(layers):
+  """LAYERS as an int; ValueError unless it is an integer >= 1."""
+  try:
+    valid = (not isinstance(layers, bool) and int(layers) == layers
+             and layers >= 1)
+  except (TypeError, ValueError, OverflowError):
+    valid = False
+  if not valid:
+    raise ValueError(f"the number of layers must be an integer >= 1, got "
+                     f"{layers!r}")
+  return int(layers)
+
+
+def check_invertible(singular):
+  """ValueError unless R, with singular values SINGULAR (decreasing), is
+  invertible to working precision.
+
+  sigma_min(R) <= d eps sigma_max(R) is the usual numerical-rank test: such
+  an R is within rounding of a singular matrix, so its determinant's sign and
+  gamma = |log sigma_min| are round-off. Every product (I + A_l)...(I + A_1)
+  with ||A_i|| < 1 is invertible with det > 0 (Theorem 2.1's hypotheses), so
+  none equals a singular R and factorizing it means nothing.
+  """
+  singular = np.asarray(singular, np.float64)
+  tolerance = singular.size * np.finfo(np.float64).eps * singular[0]
+  if singular[-1] <= tolerance:
+    raise ValueError(
+        f"R is singular to working precision: sigma_min(R) = "
+        f"{singular[-1]:.3g} <= d eps sigma_max(R) = {tolerance:.3g} (its "
+        f"rank is below d = {singular.size} up to rounding), and a product "
+        f"(I + A_l)...(I + A_1) with every ||A_i|| < 1 is invertible; give "
+        f"a full-rank R with det R > 0")
+
+
 def factorize(r, layers):
   """Theorem 2.1: A_1..A_l with (I + A_l)...(I + A_1) = R and |||A||| small.
 
@@ -432,34 +470,25 @@ def factorize(r, layers):
   last k_rot are G - I; k_rot + k_scale = l is chosen to minimise |||A|||
   (`_split_layers`). With a single layer, A_1 = R - I.
 
-  Returns A of shape (l, d, d), float64. Raises ValueError for det R <= 0,
-  l < 3 gamma, or a non-square or non-finite R.
+  Returns A of shape (l, d, d), float64. Raises ValueError for an R that is
+  singular to working precision (`check_invertible`), det R < 0, l < 3 gamma,
+  or a non-square or non-finite R.
   """
   r = check_matrix(r)
   d = r.shape[0]
-  try:
-    valid = (not isinstance(layers, bool) and int(layers) == layers
-             and layers >= 1)
-  except (TypeError, ValueError, OverflowError):
-    valid = False
-  if not valid:
-    raise ValueError(f"the number of layers must be an integer >= 1, got "
-                     f"{layers!r}")
-  layers = int(layers)
+  layers = _check_layer_count(layers)
+  singular, u, v = tf.linalg.svd(r)
+  check_invertible(singular.numpy())
   sign, log_abs_det = tf.linalg.slogdet(r)
-  if float(sign) == 0:
-    raise ValueError(
-        "R is singular (det R = 0): a product (I + A_l)...(I + A_1) with "
-        "every ||A_i|| < 1 is invertible, so none equals it; give an "
-        "invertible R with det R > 0")
   if float(sign) < 0:
-    det_text = ("0" if float(sign) == 0 else f"{-math.exp(float(log_abs_det)):.4g}"
-                if float(log_abs_det) < 700 else f"-exp({float(log_abs_det):.4g})")
+    det_text = (f"{-math.exp(float(log_abs_det)):.4g}"
+                if float(log_abs_det) < 700
+                else f"-exp({float(log_abs_det):.4g})")
     raise ValueError(
         f"det R = {det_text} <= 0: no factorisation (I + A_l)...(I + A_1) = R "
         f"with every ||A_i|| < 1 exists, since det(I + A) > 0 whenever "
-        f"||A|| < 1; give an R with det R > 0 (e.g. R with the sign of one row flipped)")
-  singular, u, v = tf.linalg.svd(r)
+        f"||A|| < 1; give an R with det R > 0 (e.g. R with the sign of one "
+        f"row flipped)")
   gamma_value = max(abs(math.log(float(singular[0]))),
                     abs(math.log(float(singular[-1]))))
   smallest = smallest_admissible_layers(gamma_value)
@@ -528,9 +557,9 @@ def gradient_bound(a, r, sigma, tau=None, sigma_power=1):
   if not norm <= tau * (1 + 1e-12) + 1e-15 or not tau < 1:
     raise ValueError(f"Theorem 2.2 needs |||A||| <= tau < 1; got |||A||| = "
                      f"{norm:.4g}, tau = {tau:.4g}")
-  value, gradient = risk_and_gradient(a, r, sigma)
+  gap, gradient = _excess_risk_and_gradient(a, r, sigma)
+  gap = float(gap)
   sigma_min = smallest_eigenvalue(sigma)
-  gap = value - optimal_risk(r.shape[0])
   lhs = float(tf.reduce_sum(tf.square(gradient)))
   rhs = pl_constant(a.shape[0], tau, sigma_min, sigma_power) * gap
   return {"lhs": lhs, "rhs": rhs, "tau": tau, "sigma_min": sigma_min,
@@ -603,9 +632,9 @@ def near_identity_target(d, rng, size=1.0):
 
 @tf.function(reduce_retracing=True)
 def _descent_step(a, r, sigma, step_size):
-  value, gradient = _risk_and_gradient(a, r, sigma)
+  excess, gradient = _excess_risk_and_gradient(a, r, sigma)
   norm = tf.reduce_max(tf.linalg.svd(a, compute_uv=False)[:, 0])
-  return a - step_size * gradient, value, norm
+  return a - step_size * gradient, excess, norm
 
 
 def default_step_size(r, sigma, layers):
@@ -648,10 +677,9 @@ def gradient_descent(r, sigma, layers, steps, step_size=None, plain=False,
     a = tf.zeros([layers, d, d], dtype=DTYPE)
   step = tf.constant(step_size, dtype=DTYPE)
   gaps, norms = [], []
-  f_opt = optimal_risk(d)
   for t in range(steps + 1):
-    new_a, value, norm = _descent_step(a, r, sigma, step)
-    gaps.append(float(value) - f_opt)
+    new_a, excess, norm = _descent_step(a, r, sigma, step)
+    gaps.append(float(excess))
     norms.append(float(norm))
     if tolerance > 0 and gaps[-1] <= tolerance * gaps[0]:
       break
@@ -694,10 +722,11 @@ def plot_descent(residual, plain, path, title=""):
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
   figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 4))
-  # Round-off can make f - f_opt <= 0 at the optimum; draw it at 1e-16.
+  # An exact fit has f - f_opt = 0, which a log axis cannot show: left out.
   for run, label in ((residual, "residual (I + A_l)...(I + A_1), A = 0"),
                      (plain, "plain W_l...W_1, small random init")):
-    left.semilogy(np.arange(len(run["gap"])), np.maximum(run["gap"], 1e-16),
+    gap = np.asarray(run["gap"], np.float64)
+    left.semilogy(np.arange(len(gap)), np.where(gap > 0, gap, np.nan),
                   label=label)
   left.set_xlabel("step")
   left.set_ylabel("f(A) - f_opt")

@@ -1,17 +1,25 @@
-"""What //bin:linear_theory does: one function per subcommand.
+"""What //bin:linear_theory does: one function per subcommand, and `main`.
 
-`factorize_command` reads R from an .npy file, factorizes it by Theorem 2.1
-(`linear.factorize`) and writes A to an .npz file; `check_command` runs every
-statement of Section 2 (`linear.run_checks`); `descend_command` compares
-gradient descent on the residual and the plain parametrisation, with the rate
-(2.3) guarantees; `landscape_command` runs Theorem 2.2 as an experiment
-(`landscape.run_landscape`): descent from random starts in B_tau over a grid
-of depths and radii, with the plain and the det R < 0 contrasts. Each takes
-the values of the binary's flags (paths already resolved; `*_as_typed` is
-how the user wrote a path, for messages and the JSON), gives its JSON result
-to EMIT and its progress lines to LOG, and raises ValueError with one line
-for anything the user can fix.
+`main` picks the subcommand and hands it the binary's flags. Each command
+is one function: `factorize_command` reads R from an .npy file, factorizes
+it by Theorem 2.1 (`linear.factorize`) and writes A to an .npz file;
+`check_command` runs every statement of Section 2 (`linear.run_checks`);
+`descend_command` compares gradient descent on the residual and the plain
+parametrisation, with the rate (2.3) guarantees; `landscape_command` runs
+Theorem 2.2 as an experiment (`landscape.run_landscape`): descent from random
+starts in B_tau over a grid of depths and radii, with the plain and the
+det R < 0 contrasts. Each takes the values of the binary's flags (paths
+already resolved; `*_as_typed` is how the user wrote a path, for messages and
+the JSON), gives its JSON result to EMIT and its progress lines to LOG, and
+raises ValueError with one line for anything the user can fix.
+
+`linear` and `landscape` import TensorFlow, which takes seconds: each command
+imports them when it runs, so that a wrong subcommand or flag is answered
+before that (DEVELOPERS.md: binaries import TensorFlow only after the flags
+are checked).
 """
+
+# pylint: disable=g-import-not-at-top
 
 import json
 import os
@@ -20,12 +28,11 @@ import time
 import numpy as np
 
 from identity_tf import cli
-from identity_tf.theory import landscape
-from identity_tf.theory import linear
 
-# --layers when not given (factorize requires it).
+# --d and --layers when not given (factorize requires --layers).
+CHECK_D = 8
 CHECK_LAYERS = 20
-DESCEND_LAYERS = 50
+DESCEND = {"d": 8, "layers": 50, "steps": 500}
 # landscape's defaults: seconds on 2 cores (docs/linear_theory.md).
 LANDSCAPE = {"d": 8, "condition": 2.0, "rotation": 1.0, "depths": (2, 4, 8),
              "taus": (0.1, 0.3, 0.5), "starts": 10, "steps": 300,
@@ -36,16 +43,22 @@ def _ignore(_):
   pass
 
 
-def read_matrix(path, as_typed=None):
-  """R of the .npy file PATH, as float64; ValueError naming --R=AS_TYPED if not."""
-  flag = f"--R={path if as_typed is None else as_typed}"
+def print_json(result):
+  """The binary's EMIT: RESULT as JSON on stdout, alone there."""
+  print(json.dumps(result, indent=1, default=float), flush=True)
+
+
+def read_matrix(path, as_typed=None, name="R"):
+  """The matrix NAME of the .npy file PATH, as float64; ValueError naming
+  --NAME=AS_TYPED if it is not one."""
+  flag = f"--{name}={path if as_typed is None else as_typed}"
   if not os.path.isfile(path):
     raise ValueError(f"{flag}: no such file")
   with open(path, "rb") as f:
     magic = f.read(6)
   if magic[:2] != b"PK" and magic != b"\x93NUMPY":
-    raise ValueError(f"{flag} is not a .npy file (a text file?); save R "
-                     "with numpy.save(path, R)")
+    raise ValueError(f"{flag} is not a .npy file (a text file?); save "
+                     f"{name} with numpy.save(path, {name})")
   try:
     r = np.load(path, allow_pickle=False)
   except (OSError, ValueError) as e:
@@ -53,16 +66,17 @@ def read_matrix(path, as_typed=None):
                      f"{str(e).splitlines()[0]}") from None
   if not isinstance(r, np.ndarray):  # An .npz archive.
     r.close()
-    raise ValueError(f"{flag} is an .npz archive, not an .npy array; save R "
-                     "with np.save(path, R)")
+    raise ValueError(f"{flag} is an .npz archive, not an .npy array; save "
+                     f"{name} with np.save(path, {name})")
   if r.dtype.kind not in "fiu":
     raise ValueError(f"{flag} holds {r.dtype} data; give a real d x d float64 "
                      "matrix")
   return r.astype(np.float64)
 
 
-def factorize_command(r_path, layers, output_path, *, r_as_typed=None,
-                      output_as_typed=None, log=_ignore, emit=_ignore):
+def factorize_command(r_path=None, layers=None, output_path=None, *,
+                      r_as_typed=None, output_as_typed=None, log=_ignore,
+                      emit=_ignore):
   """Theorem 2.1 for the R in R_PATH (.npy): writes A (key `A`) to OUTPUT_PATH.
 
   The output path is checked before any work. Emits and returns
@@ -77,6 +91,7 @@ def factorize_command(r_path, layers, output_path, *, r_as_typed=None,
     raise ValueError(f"{output_flag} must be a file path ending in .npz "
                      "(np.savez adds the suffix otherwise)")
   r = read_matrix(r_path, r_as_typed)
+  from identity_tf.theory import linear
   start = time.perf_counter()
   try:
     a = linear.factorize(r, layers)
@@ -94,14 +109,16 @@ def factorize_command(r_path, layers, output_path, *, r_as_typed=None,
   return report
 
 
-def check_command(d=8, layers=None, seed=0, bound_power=1, samples=200_000, *,
-                  log=_ignore, emit=_ignore):
+def check_command(d=None, layers=None, seed=0, bound_power=1,
+                  samples=200_000, *, log=_ignore, emit=_ignore):
   """Every statement of Section 2 (`linear.run_checks`) on a random instance.
 
   Emits {"d", "layers", "seed", "all_pass", "statements"}; then, if a
-  statement failed, raises ValueError naming the failed ones. LAYERS
-  defaults to CHECK_LAYERS.
+  statement failed, raises ValueError naming the failed ones. D and LAYERS
+  default to CHECK_D and CHECK_LAYERS.
   """
+  from identity_tf.theory import linear
+  d = CHECK_D if d is None else d
   layers = CHECK_LAYERS if layers is None else layers
   if d < 1 or layers < 1 or seed < 0 or samples < 2:
     raise ValueError("check needs --d >= 1, --layers >= 1, --seed >= 0 and "
@@ -119,7 +136,7 @@ def check_command(d=8, layers=None, seed=0, bound_power=1, samples=200_000, *,
   return summary
 
 
-def descend_command(d=8, layers=None, steps=500, step_size=None, seed=0,
+def descend_command(d=None, layers=None, steps=None, step_size=None, seed=0,
                     plot_path=None, *, plot_as_typed=None, log=_ignore,
                     emit=_ignore):
   """Gradient descent from A = 0 beside the plain W_l ... W_1 (Section 2).
@@ -128,10 +145,13 @@ def descend_command(d=8, layers=None, steps=500, step_size=None, seed=0,
   from SEED; both runs take STEP_SIZE (default `linear.default_step_size`)
   for STEPS steps. Emits the summary (with the measured rate and the one
   (2.3) guarantees), writes the PNG of `linear.plot_descent` to PLOT_PATH if
-  given, then raises ValueError if the residual run diverged. LAYERS
-  defaults to DESCEND_LAYERS.
+  given, then raises ValueError if the residual run diverged. D, LAYERS and
+  STEPS default to DESCEND's.
   """
-  layers = DESCEND_LAYERS if layers is None else layers
+  from identity_tf.theory import linear
+  d = DESCEND["d"] if d is None else d
+  layers = DESCEND["layers"] if layers is None else layers
+  steps = DESCEND["steps"] if steps is None else steps
   if d < 1 or layers < 1 or steps < 1 or seed < 0:
     raise ValueError("descend needs --d, --layers and --steps >= 1 and "
                      "--seed >= 0")
@@ -163,6 +183,7 @@ def descend_command(d=8, layers=None, steps=500, step_size=None, seed=0,
 
 def _descent_summary(d, layers, steps, sigma, residual, plain):
   """The figures docs/linear_theory.md tabulates for one `descend_command`."""
+  from identity_tf.theory import linear
   tau = float(np.max(residual["max_norm"]))
   return {
       "d": d, "layers": layers, "steps": steps,
@@ -190,60 +211,137 @@ def _check_converged(run):
                      f"(it was {run['step_size']:.3g})")
 
 
-def _landscape_instance(d, r_path, r_as_typed, condition, rotation, seed):
-  """(R, Sigma, how R was made) for `landscape_command`."""
+def _read_target(r_path, r_as_typed, d):
+  """R of --R for `landscape_command`: invertible, det R > 0, d x d if D."""
+  from identity_tf.theory import linear
+  r_flag = f"--R={r_path if r_as_typed is None else r_as_typed}"
+  r = read_matrix(r_path, r_as_typed)
+  try:
+    r = linear.check_matrix(r).numpy()
+    linear.check_invertible(np.linalg.svd(r, compute_uv=False))
+  except ValueError as e:
+    raise ValueError(f"{r_flag}: {e}") from None
+  if d is not None and d != r.shape[0]:
+    raise ValueError(f"--d={d} but {r_flag} is {r.shape[0]} x "
+                     f"{r.shape[0]}; leave out --d")
+  if np.linalg.slogdet(r)[0] <= 0:
+    raise ValueError(f"{r_flag} has det R <= 0, which no product "
+                     "(I + A_l)...(I + A_1) with |||A||| < 1 reaches; give "
+                     "R with det R > 0 (the det R < 0 contrast is built "
+                     "from it)")
+  return r, {"file": r_flag[len("--R="):]}
+
+
+def _read_covariance(sigma_path, sigma_as_typed, size, size_flag):
+  """Sigma of --sigma: symmetric positive definite, SIZE x SIZE if SIZE
+  (which SIZE_FLAG, --R=... or --d=..., set)."""
+  from identity_tf.theory import landscape
+  from identity_tf.theory import linear
+  flag = f"--sigma={sigma_path if sigma_as_typed is None else sigma_as_typed}"
+  sigma = read_matrix(sigma_path, sigma_as_typed, "sigma")
+  try:
+    sigma = linear.check_matrix(sigma, "Sigma").numpy()
+    asymmetry = float(np.max(np.abs(sigma - sigma.T)))
+    if asymmetry > 1e-10 * (1.0 + float(np.max(np.abs(sigma)))):
+      raise ValueError(f"Sigma = E[x x^T] must be symmetric, but max "
+                       f"|Sigma - Sigma^T| = {asymmetry:.3g}; save "
+                       f"(S + S.T) / 2")
+    landscape.check_positive_definite(sigma)
+  except ValueError as e:
+    raise ValueError(f"{flag}: {e}") from None
+  if size is not None and sigma.shape[0] != size:
+    raise ValueError(f"{flag} is {sigma.shape[0]} x {sigma.shape[0]} but "
+                     f"{size_flag} is {size} x {size}; give them one size")
+  return sigma, {"file": flag[len("--sigma="):]}
+
+
+def _random_target(d, condition, rotation, rng, seed):
+  """A random R by `landscape.random_target` (None: LANDSCAPE's defaults)."""
+  from identity_tf.theory import landscape
+  d = LANDSCAPE["d"] if d is None else d
+  condition = LANDSCAPE["condition"] if condition is None else condition
+  rotation = LANDSCAPE["rotation"] if rotation is None else rotation
+  if d < 1 or not condition >= 1 or not 0 <= rotation <= np.pi:
+    raise ValueError("landscape needs --d >= 1, --condition >= 1 and "
+                     "0 <= --rotation <= pi (3.14159)")
+  return landscape.random_target(d, rng, condition, rotation), {
+      "random": "R = expm(K) V diag(s) V^T", "condition": condition,
+      "rotation": rotation, "seed": seed}
+
+
+def _landscape_instance(d, files, condition, rotation, seed):
+  """(R, Sigma, how R was made, how Sigma was made) for `landscape_command`.
+
+  FILES: {"R": (path, as typed), "sigma": (path, as typed)}, paths None for
+  random ones. Random R and Sigma are drawn from SEED, R first, so a
+  --sigma file leaves the random R of the same seed unchanged.
+  """
+  from identity_tf.theory import linear
   rng = np.random.default_rng(seed)
-  if r_path:
+  r = None
+  if files["R"][0]:
     if condition is not None or rotation is not None:
       raise ValueError("give --R=R.npy or --condition/--rotation (a random "
                        "R), not both")
-    r_flag = f"--R={r_path if r_as_typed is None else r_as_typed}"
-    r = read_matrix(r_path, r_as_typed)
-    try:
-      r = linear.check_matrix(r).numpy()
-    except ValueError as e:
-      raise ValueError(f"{r_flag}: {e}") from None
-    if d is not None and d != r.shape[0]:
-      raise ValueError(f"--d={d} but {r_flag} is {r.shape[0]} x "
-                       f"{r.shape[0]}; leave out --d")
-    if np.linalg.slogdet(r)[0] <= 0:
-      raise ValueError(f"{r_flag} has det R <= 0, which no product "
-                       "(I + A_l)...(I + A_1) with |||A||| < 1 reaches; give "
-                       "R with det R > 0 (the det R < 0 contrast is built "
-                       "from it)")
-    source = {"file": r_flag[len("--R="):]}
-  else:
-    d = LANDSCAPE["d"] if d is None else d
-    condition = LANDSCAPE["condition"] if condition is None else condition
-    rotation = LANDSCAPE["rotation"] if rotation is None else rotation
-    if d < 1 or not condition >= 1 or not 0 <= rotation <= np.pi:
-      raise ValueError("landscape needs --d >= 1, --condition >= 1 and "
-                       "0 <= --rotation <= pi (3.14159)")
-    r = landscape.random_target(d, rng, condition, rotation)
-    source = {"random": "R = expm(K) V diag(s) V^T", "condition": condition,
-              "rotation": rotation, "seed": seed}
-  sigma = linear.random_covariance(r.shape[0], rng, 0.5, 2.0)
-  return r, sigma, source
+    r, r_source = _read_target(*files["R"], d)
+  if files["sigma"][0]:
+    size_flag = (f"--R={files['R'][1] or files['R'][0]}" if r is not None
+                 else f"--d={d}")
+    sigma, sigma_source = _read_covariance(
+        *files["sigma"], d if r is None else r.shape[0], size_flag)
+    d = sigma.shape[0]
+  if r is None:
+    r, r_source = _random_target(d, condition, rotation, rng, seed)
+  if not files["sigma"][0]:
+    sigma = linear.random_covariance(r.shape[0], rng, 0.5, 2.0)
+    sigma_source = {"random": "eigenvalues in [0.5, 2] (ends hit)",
+                    "seed": seed}
+  return r, sigma, r_source, sigma_source
 
 
 def landscape_command(d=None, r_path=None, condition=None, rotation=None,
                       depths=None, taus=None, starts=None, steps=None,
                       epsilon=None, step_size=None, seed=0, output_path=None,
-                      plot_path=None, *, r_as_typed=None, output_as_typed=None,
+                      plot_path=None, sigma_path=None, *, r_as_typed=None,
+                      sigma_as_typed=None, output_as_typed=None,
                       plot_as_typed=None, log=_ignore, emit=_ignore):
   """Theorem 2.2 as an experiment (`landscape.run_landscape`).
 
   R from R_PATH (.npy, det R > 0) or random (`landscape.random_target` with
-  CONDITION and ROTATION); Sigma random with eigenvalues in [0.5, 2]; both
-  from SEED. None means LANDSCAPE's default. Checks OUTPUT_PATH (JSON) and
-  PLOT_PATH (PNG) before any work, emits the report and writes both; then
-  raises ValueError if a residual descent diverged.
+  CONDITION and ROTATION); Sigma from SIGMA_PATH (.npy, symmetric positive
+  definite) or random with eigenvalues in [0.5, 2]; random ones from SEED.
+  None means LANDSCAPE's default. Checks OUTPUT_PATH (JSON) and PLOT_PATH
+  (PNG) before any work, emits the report and writes both; then raises
+  ValueError if a residual descent diverged.
   """
+  from identity_tf.theory import landscape
   outputs = {"output": (output_path, output_as_typed),
              "plot": (plot_path, plot_as_typed)}
   for name, (path, as_typed) in outputs.items():
     if path:
       cli.check_output_file(path, f"--{name}={as_typed or path}")
+  grid = _landscape_grid(depths, taus, starts, steps, epsilon, step_size,
+                         seed)
+  r, sigma, r_source, sigma_source = _landscape_instance(
+      d, {"R": (r_path, r_as_typed), "sigma": (sigma_path, sigma_as_typed)},
+      condition, rotation, seed)
+  report, curves = landscape.run_landscape(r, sigma, *grid, seed, step_size,
+                                           log)
+  report["R"]["source"] = r_source
+  report["Sigma_source"] = sigma_source
+  _write_landscape(report, curves, outputs, log)
+  emit(report)
+  diverged = sum(c["residual"]["diverged"] for c in report["cells"])
+  if diverged:
+    raise ValueError(f"{diverged} residual descents diverged; lower "
+                     f"--step_size (default 1 / (2 l sigma_max(Sigma) "
+                     f"max(1, ||R||)^2))")
+  return report
+
+
+def _landscape_grid(depths, taus, starts, steps, epsilon, step_size, seed):
+  """(depths, taus, starts, steps, epsilon) of the flags, LANDSCAPE's where
+  None; ValueError naming the first flag out of range."""
   depths = cli.parse_numbers(depths or LANDSCAPE["depths"], int, "depths",
                              "2,4,8")
   taus = cli.parse_numbers(taus or LANDSCAPE["taus"], float, "taus",
@@ -261,24 +359,13 @@ def landscape_command(d=None, r_path=None, condition=None, rotation=None,
                      "and --epsilon > 0")
   if step_size is not None and not step_size > 0:
     raise ValueError("--step_size must be positive")
-  r, sigma, source = _landscape_instance(d, r_path, r_as_typed, condition,
-                                         rotation, seed)
-  report, curves = landscape.run_landscape(
-      r, sigma, depths, taus, starts, steps, epsilon, seed, step_size, log)
-  report["R"]["source"] = source
-  report["Sigma_rule"] = "random, eigenvalues in [0.5, 2] (ends hit)"
-  _write_landscape(report, curves, outputs, log)
-  emit(report)
-  diverged = sum(c["residual"]["diverged"] for c in report["cells"])
-  if diverged:
-    raise ValueError(f"{diverged} residual descents diverged; lower "
-                     f"--step_size (default 1 / (2 l sigma_max(Sigma) "
-                     f"max(1, ||R||)^2))")
-  return report
+  return depths, taus, starts, steps, epsilon
 
 
 def _write_landscape(report, curves, outputs, log):
   """The figure to --plot and the report to --output (each if given)."""
+  from identity_tf.theory import landscape
+
   def write_json(path):
     with open(path, "w") as f:
       json.dump(report, f, indent=1)
@@ -294,3 +381,76 @@ def _write_landscape(report, curves, outputs, log):
     report[name] = as_typed or path
     cli.write_whole(path, write, f"--{name}={as_typed or path}", suffix)
     log(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------
+# The binary: which subcommand, with which flags.
+
+# Per subcommand, the flags it takes.
+SUBCOMMANDS = {
+    "factorize": ("R", "layers", "output"),
+    "check": ("d", "layers", "seed", "bound_power", "samples"),
+    "descend": ("d", "layers", "steps", "step_size", "seed", "plot"),
+    "landscape": ("R", "sigma", "d", "condition", "rotation", "depths",
+                  "taus", "starts", "steps", "epsilon", "step_size", "seed",
+                  "output", "plot"),
+}
+FLAG_NAMES = tuple(sorted({name for names in SUBCOMMANDS.values()
+                           for name in names}))
+# The former subcommands, each with one line saying what it became.
+FORMER_SUBCOMMANDS = {
+    # "construct" is Section 3's (//bin:construct); Theorem 2.1 factorizes R.
+    "construct": "the subcommand construct is now factorize (same flags): "
+                 + cli.command("linear_theory", "factorize --R=R.npy "
+                               "--layers=L --output=A.npz"),
+    "benchmark": "the subcommand benchmark is now "
+                 + cli.command("benchmark", "--suite=linear"),
+}
+# Path flags and the prefix of their two parameters: PREFIX_path (resolved
+# against the user's directory) and PREFIX_as_typed.
+PATH_FLAGS = {"R": "r", "sigma": "sigma", "output": "output", "plot": "plot"}
+
+
+def _subcommand(arguments):
+  """The subcommand ARGUMENTS name; ValueError (one line) if none or not
+  one."""
+  command = arguments[0] if arguments else None
+  if command in FORMER_SUBCOMMANDS:
+    raise ValueError(FORMER_SUBCOMMANDS[command])
+  if command not in SUBCOMMANDS:
+    given = (f"unknown subcommand {command!r}" if command is not None
+             else "missing subcommand")
+    raise ValueError(f"{given}; valid: {', '.join(SUBCOMMANDS)} (e.g. "
+                     f"linear_theory factorize --R=R.npy --layers=10 "
+                     f"--output=A.npz)")
+  if len(arguments) > 1:
+    raise ValueError(f"unexpected arguments {' '.join(arguments[1:])}; give "
+                     f"options as --flag=value")
+  return command
+
+
+def main(arguments, flags, *, log=cli.print_stderr, emit=print_json):
+  """//bin:linear_theory: the subcommand ARGUMENTS[0] with FLAGS ({flag name:
+  the value the user gave, None if not given}); returns its result.
+
+  ValueError (one line) for a missing or unknown subcommand, a flag the
+  subcommand does not take, or whatever the command refuses.
+  """
+  command = _subcommand(arguments)
+  given = {name: value for name, value in flags.items() if value is not None}
+  unknown = sorted(set(given) - set(SUBCOMMANDS[command]))
+  if command == "landscape" and "layers" in unknown:
+    raise ValueError("landscape takes --depths=2,4,8, not --layers")
+  if unknown:
+    raise ValueError(f"{command} does not take --{unknown[0]}; it takes "
+                     f"--{', --'.join(SUBCOMMANDS[command])}")
+  arguments = {}
+  for name, value in given.items():
+    if name in PATH_FLAGS:
+      arguments[f"{PATH_FLAGS[name]}_path"] = cli.path(value)
+      arguments[f"{PATH_FLAGS[name]}_as_typed"] = value
+    else:
+      arguments[name] = value
+  commands = {"factorize": factorize_command, "check": check_command,
+              "descend": descend_command, "landscape": landscape_command}
+  return commands[command](**arguments, log=log, emit=emit)
