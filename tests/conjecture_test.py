@@ -1,7 +1,6 @@
 """Tests for identity_tf.theory.conjecture and bin/conjecture.py (the probe of
 Section 5's conjecture)."""
 
-import json
 import os
 import tempfile
 
@@ -288,13 +287,9 @@ class BinaryTest(absltest.TestCase):
     super().tearDownClass()
 
   def test_writes_json_and_png(self):
-    result = self.results["small"]
-    self.assertEqual(result.returncode, 0, result.stderr)
-    report = json.loads(result.stdout)
-    with open(os.path.join(self.tmp.name, "probe.json")) as f:
-      self.assertEqual(json.load(f), report)
-    with open(os.path.join(self.tmp.name, "probe.png"), "rb") as f:
-      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    report = testing.report_written(
+        self, self.results["small"], os.path.join(self.tmp.name, "probe.json"),
+        os.path.join(self.tmp.name, "probe.png"))
     self.assertEqual([(c["depth"], c["width"], c["init_norm"])
                       for c in report["cells"]], [(1, 2, 0.1), (2, 2, 0.1)])
     for family in conjecture.FAMILIES:

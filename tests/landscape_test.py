@@ -276,13 +276,10 @@ class BinaryTest(absltest.TestCase):
     super().tearDownClass()
 
   def test_writes_json_and_png(self):
-    result = self.results["random"]
-    self.assertEqual(result.returncode, 0, result.stderr)
-    report = json.loads(result.stdout)
-    with open(os.path.join(self.tmp.name, "report.json")) as f:
-      self.assertEqual(json.load(f), report)
-    with open(os.path.join(self.tmp.name, "landscape.png"), "rb") as f:
-      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    report = testing.report_written(
+        self, self.results["random"],
+        os.path.join(self.tmp.name, "report.json"),
+        os.path.join(self.tmp.name, "landscape.png"))
     self.assertEqual(report["plot"], "landscape.png")
     self.assertEqual([(c["layers"], c["tau"]) for c in report["cells"]],
                      [(2, 0.1), (2, 0.3), (3, 0.1), (3, 0.3)])

@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -103,6 +104,21 @@ class ProcessTestCase(absltest.TestCase):
         if stream is not None:
           stream.close()
     super().tearDown()
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def report_written(test, result, json_path, png_path):
+  """The JSON report a theory binary printed (RESULT), after checking that
+  it exited 0, wrote the same report to JSON_PATH and a PNG to PNG_PATH."""
+  test.assertEqual(result.returncode, 0, result.stderr)
+  report = json.loads(result.stdout)
+  with open(json_path) as f:
+    test.assertEqual(json.load(f), report)
+  with open(png_path, "rb") as f:
+    test.assertEqual(f.read(8), PNG_SIGNATURE)
+  return report
 
 
 def last_stderr_line(result):
