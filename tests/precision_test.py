@@ -317,6 +317,27 @@ class PrecisionNoteTest(absltest.TestCase):
                   .split(":", 1)[1].split())
     self.assertEqual(distribute.cpu_model_and_flags()[1], flags)
 
+  def test_the_machine_line_names_cpu_generation_cores_and_devices(self):
+    # Two processors, as /proc/cpuinfo lists them: the first one's fields.
+    path = self.create_tempfile(content=(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+        "model\t\t: 17\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
+        "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 1\n"
+        "model name\t: other\nflags\t\t: fpu amx_bf16\n")).full_path
+    cpu = distribute.cpu_model_and_flags(path)
+    self.assertEqual(cpu, ("AMD EPYC (family 25 model 17)",
+                           {"fpu", "avx2", "avx512f", "avx512_bf16"}))
+    self.assertEqual(
+        distribute.machine(["CPU", "GPU", "GPU"], cpu=cpu, cores=2),
+        "AMD EPYC (family 25 model 17), 2 cores, bfloat16: avx512_bf16, "
+        "2 GPU")
+    self.assertEqual(
+        distribute.machine(["CPU"], cpu=("", {"avx2"}), cores=1),
+        "unknown CPU, 1 cores, bfloat16: none")
+    missing = os.path.join(self.create_tempdir().full_path, "cpuinfo")
+    self.assertEqual(distribute.cpu_model_and_flags(missing), ("", set()))
+
 
 class RunTest(testing.SharedRootTestCase):
 

@@ -27,7 +27,8 @@ TINY_STUDY = configs.Study(
     ))
 
 
-def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None):
+def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None,
+         machines=()):
   steps = [100 * (i + 1) for i in range(len(top1))]
   # Reached at the first evaluation at or above the level, 1 s per step
   # undisturbed, 1.5 s as it ran.
@@ -38,6 +39,7 @@ def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None):
   return {"seed": seed, "status": status, "nan_step": nan_step,
           "wall_seconds": 60 * minutes, "model_dir": "x",
           "images_per_second": rate, "time_to_top1": reached,
+          "machines": list(machines),
           "final_top1": top1[-1] if status == "done" else None,
           "best_top1": max(top1) if top1 else None,
           "curves": {"train_loss": [[s, 2.0 / s] for s in steps],
@@ -50,9 +52,11 @@ MADE_UP = {
         {"name": "literal", "description": "as written", "runs": [
             _run(0, "diverged", [], nan_step=160, minutes=0.5)]},
         {"name": "clip", "description": "clipped", "runs": [
-            _run(0, "done", [0.80, 0.9120], rate=100.0),
-            _run(1, "done", [0.82, 0.9050], rate=110.0),
-            _run(2, "done", [0.86, 0.9180], rate=120.0)]},
+            _run(0, "done", [0.80, 0.9120], rate=100.0, machines=["A"]),
+            _run(1, "done", [0.82, 0.9050], rate=110.0, machines=["B"]),
+            # Resumed on another machine.
+            _run(2, "done", [0.86, 0.9180], rate=120.0,
+                 machines=["A", "B"])]},
         {"name": "half", "description": "one seed left", "runs": [
             _run(0, "done", [0.7, 0.85]),
             _run(1, "running", [0.6], minutes=0.5)]},
@@ -96,6 +100,12 @@ class ReportTest(absltest.TestCase):
       text = f.read()
     self.assertIn("- dataset: fashion_mnist", text)
     self.assertIn(study.markdown_table(MADE_UP), text)
+    # Each run under the machines it trained on; runs from before the
+    # machine was recorded say so.
+    self.assertIn("images/s and minutes measured on:\n\n"
+                  "- not recorded: literal 0, half 0, half 1\n"
+                  "- A: clip 0, clip 2\n- B: clip 1, clip 2\n", text)
+    self.assertEqual(study.machines_note({"arms": [MADE_UP["arms"][0]]}), "")
     with open(paths[study.CURVES_PNG], "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
     self.assertGreater(os.path.getsize(paths[study.CURVES_PNG]), 10_000)
@@ -105,12 +115,12 @@ class TimeToLevelsTest(absltest.TestCase):
 
   def test_wall_time_is_summed_over_sessions_up_to_the_evaluation(self):
     records = [
-        {"step": 0, "start": True, "time": 1000.0},
+        {"step": 0, "start": True, "time": 1000.0, "machine": "X"},
         {"step": 100, "loss": 1.0, "images_per_second": 50.0, "time": 1010.0},
         {"step": 100, "eval": {"top1": 0.86}, "time": 1012.0},
         {"step": 200, "loss": 0.9, "images_per_second": 70.0, "time": 1030.0},
         # Killed; resumed from step 100 an hour later.
-        {"step": 100, "start": True, "time": 5000.0},
+        {"step": 100, "start": True, "time": 5000.0, "machine": "Y"},
         {"step": 200, "loss": 0.9, "images_per_second": 60.0, "time": 5020.0},
         {"step": 200, "eval": {"top1": 0.91}, "time": 5025.0},
         # //bin:evaluate's records do not count.
@@ -125,6 +135,7 @@ class TimeToLevelsTest(absltest.TestCase):
     self.assertEqual(metrics.images_per_second(records), 60.0)
     # The training time of the run: //bin:evaluate's later record adds none.
     self.assertEqual(metrics.wall_seconds(records), 55.0)
+    self.assertEqual(metrics.machines(records + records), ["X", "Y"])
 
 
 class TimeToTop1Test(absltest.TestCase):
@@ -188,6 +199,10 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(run["final_top1"], run["curves"]["test_top1"][-1][1])
     self.assertGreater(run["wall_seconds"], 0)
     self.assertGreater(run["images_per_second"], 0)
+    # One session, on this machine: its cores counted here independently.
+    [machine] = run["machines"]
+    self.assertIn(f", {len(os.sched_getaffinity(0))} cores, bfloat16: ",
+                  machine)
     self.assertEqual(set(run["time_to_top1"]),
                      {str(level) for level in study.TOP1_LEVELS})
     diverged = huge["runs"][0]

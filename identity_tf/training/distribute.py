@@ -18,6 +18,7 @@ from absl import logging
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf.theory import parallel
 
 
 def _resolver():
@@ -214,22 +215,57 @@ def describe_failure(error):
 # -----------------------------------------------------------------------------
 # The hardware a precision is meant for.
 
-def cpu_model_and_flags():
-  """(CPU model name, the set of its /proc/cpuinfo flags); ("", set())
-  where there is no /proc/cpuinfo."""
-  name, flags = "", set()
+def _cpuinfo(path):
+  """The first processor's fields in PATH (a /proc/cpuinfo), {} if none."""
+  fields = {}
   try:
-    with open("/proc/cpuinfo") as f:
+    with open(path) as f:
       for line in f:
+        if not line.strip():
+          if fields:
+            break
+          continue
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name":
-          name = value.strip()
-        elif key == "flags":
-          flags = set(value.split())
+        fields.setdefault(key.strip(), value.strip())
   except OSError:
     pass
-  return name, flags
+  return fields
+
+
+def cpu_model_and_flags(path="/proc/cpuinfo"):
+  """(CPU model name, the set of its flags) from PATH; ("", set()) where
+  there is no such file. The name carries the family and model numbers:
+  "AMD EPYC" alone names a Zen 3 without AVX-512 and a Zen 4 with
+  avx512_bf16, whose bfloat16 speeds differ tenfold (BENCHMARKS.md)."""
+  fields = _cpuinfo(path)
+  name = fields.get("model name", "")
+  if name and "cpu family" in fields and "model" in fields:
+    name += f" (family {fields['cpu family']} model {fields['model']})"
+  return name, set(fields.get("flags", "").split())
+
+
+def machine(device_types=None, cpu=None, cores=None):
+  """One line naming the hardware a run trains on: the CPU
+  (`cpu_model_and_flags`, default this machine's), the cores this process
+  may use, the CPU's bfloat16 instructions and any GPUs or TPUs
+  (DEVICE_TYPES: of the logical devices, default TensorFlow's list).
+
+  A run's images/s and time to accuracy are figures of this hardware, and a
+  run that resumes elsewhere trains on two: each session's start record in
+  metrics.jsonl carries this line, and //bin:study reports it per run.
+  """
+  name, flags = cpu if cpu is not None else cpu_model_and_flags()
+  if cores is None:
+    cores = parallel.available_cores()
+  if device_types is None:
+    device_types = [d.device_type for d in tf.config.list_logical_devices()]
+  bf16 = ", ".join(flag for flag in sorted(BF16_CPU_FLAGS) if flag in flags)
+  line = f"{name or 'unknown CPU'}, {cores} cores, bfloat16: {bf16 or 'none'}"
+  for kind in ("GPU", "TPU"):
+    count = list(device_types).count(kind)
+    if count:
+      line += f", {count} {kind}"
+  return line
 
 
 # CPU instructions that compute in bfloat16 natively: AVX512-BF16's dot

@@ -56,12 +56,15 @@ class MetricsWriter:
         tf.summary.scalar(name, value, step=step)
     writer.flush()
 
-  def start(self, step):
+  def start(self, step, machine=None):
     """Marks the start of a session of training at STEP in metrics.jsonl
     (not a metric: no progress line, no TensorBoard), so that a run's wall
-    time can be summed over its sessions (`wall_seconds`)."""
+    time can be summed over its sessions (`wall_seconds`) and its speed
+    read against the hardware it ran on (MACHINE: `distribute.machine`'s
+    line; `machines`)."""
     if self._enabled:
-      self._append({"step": step, "start": True})
+      self._append({"step": step, "start": True,
+                    **({"machine": machine} if machine else {})})
 
   def _append(self, record):
     with tf.io.gfile.GFile(self._path, "a") as f:
@@ -158,6 +161,18 @@ def time_to_levels(records, levels):
         reached[level] = {"step": record["step"], "wall_seconds": (
             None if elapsed is None else round(elapsed, 1))}
   return reached
+
+
+def machines(records):
+  """The hardware RECORDS' sessions of training ran on (the start records'
+  "machine" lines), each once, in order of first use; [] if not recorded
+  (runs from before it was)."""
+  seen = []
+  for record in records:
+    if record.get("start") and record.get("machine") and (
+        record["machine"] not in seen):
+      seen.append(record["machine"])
+  return seen
 
 
 def images_per_second(records):

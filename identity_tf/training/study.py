@@ -164,7 +164,7 @@ def _run_results(model_dir, seed):
   rate = metrics.images_per_second(records)
   return {
       "seed": seed, "model_dir": model_dir, **state,
-      "images_per_second": rate,
+      "images_per_second": rate, "machines": metrics.machines(records),
       "time_to_top1": _time_to_top1(records, top1, rate, config),
       "final_top1": top1[-1][1] if top1 and state["status"] == "done"
                     else None,
@@ -299,6 +299,22 @@ def markdown_table(results):
   return "\n".join(lines) + "\n"
 
 
+def machines_note(results):
+  """Which hardware each run trained on, for the table's images/s and
+  minutes: one line per machine (`distribute.machine`'s) with its runs, a
+  run resumed elsewhere under each; '' if no run recorded it."""
+  runs_on = {}
+  for arm in results["arms"]:
+    for run in arm["runs"]:
+      for machine in run.get("machines") or ["not recorded"]:
+        runs_on.setdefault(machine, []).append(f"{arm['name']} {run['seed']}")
+  if list(runs_on) in ([], ["not recorded"]):
+    return ""
+  return "images/s and minutes measured on:\n\n" + "".join(
+      f"- {machine}: {', '.join(runs)}\n"
+      for machine, runs in runs_on.items())
+
+
 def _mean_curve(curves):
   """The mean over runs at the steps all of them reached."""
   if not curves or not all(curves):
@@ -360,6 +376,9 @@ def write_report(results, output_dir):
       if key in results:
         f.write(f"- {key}: {results[key]}\n")
     f.write("\n" + markdown_table(results))
+    note = machines_note(results)
+    if note:
+      f.write("\n" + note)
   plot_curves(results, paths[CURVES_PNG])
   return paths
 

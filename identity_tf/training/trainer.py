@@ -374,7 +374,7 @@ def _train(trainer, echo):
       echo(note)
   with metrics.MetricsWriter(run.model_dir, echo,
                              enabled=trainer.chief) as writer:
-    writer.start(trainer.step)
+    writer.start(trainer.step, machine=distribute.machine())
     with preemption.Preemption(trainer.strategy, trainer.manager) as stop:
       result = _loop(trainer, writer, stop, echo)
   trainer.finish()
