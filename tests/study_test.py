@@ -159,6 +159,22 @@ class TimeToTop1Test(absltest.TestCase):
 
 class RunConfigTest(absltest.TestCase):
 
+  def test_a_budget_too_short_for_the_drops_names_epochs(self):
+    arm = configs.Arm("clip", "cifar10_paper", ())
+    # 10,000 examples in batches of 128: 78.125 steps an epoch. The drops at
+    # 30k and 50k of 70k steps: 3/7 and 5/7 of the budget, which round to
+    # the same step below 5 steps (2 steps: 0.857 and 1.43 both give 1).
+    with self.assertRaisesRegex(
+        ValueError, r"^--epochs=0.02 is 2 steps of clip, too few .* give "
+        r"--epochs=0.04 or more$"):
+      study.run_config(arm, 0, dataset="synthetic", epochs=0.02,
+                       num_train_examples=10_000)
+    # The budget named works: ceil(0.04 x 78.125) = 4 steps, drops at
+    # 4 x 3/7 = 1.7 and 4 x 5/7 = 2.9.
+    self.assertEqual(study.run_config(
+        arm, 0, dataset="synthetic", epochs=0.04,
+        num_train_examples=10_000).lr_boundaries, (2, 3))
+
   def test_the_budget_scales_the_schedule(self):
     arm = configs.Arm("clip", "cifar10_paper_literal",
                       (("grad_clip_norm", 1.0),))

@@ -56,14 +56,30 @@ def run_config(arm, seed, *, dataset, epochs, num_train_examples,
                                      "width": width, **arm_overrides})
   steps_per_epoch = run_lib.steps_per_epoch(config, num_train_examples)
   steps = max(1, math.ceil(epochs * steps_per_epoch))
-  scale = steps / base.train_steps
-  boundaries = tuple(max(1, round(b * scale)) for b in base.lr_boundaries)
+  boundaries = _scaled_boundaries(base, steps)
+  if "lr_boundaries" not in arm_overrides and (
+      len(set(boundaries)) < len(boundaries)):
+    # Rounded to whole steps, drops a few steps apart land on one step:
+    # name the budget the user chose, not a flag they did not set.
+    enough = next(n for n in range(steps, base.train_steps + 1)
+                  if len(set(_scaled_boundaries(base, n))) == len(boundaries))
+    raise ValueError(
+        f"--epochs={epochs:g} is {steps} steps of {arm.name}, too few to keep "
+        f"its preset's learning-rate drops (steps {list(base.lr_boundaries)}"
+        f" of {base.train_steps}) apart: give --epochs="
+        f"{math.ceil(100 * enough / steps_per_epoch) / 100:g} or more")
   epoch = max(1, round(steps_per_epoch))
   return configs.override(config, **{
       "train_steps": steps, "lr_boundaries": boundaries, "eval_steps": epoch,
       "checkpoint_steps": epoch, "log_steps": min(base.log_steps, epoch),
       "steps_per_loop": min(base.steps_per_loop, epoch),
       "eval_at_end": True, **arm_overrides})
+
+
+def _scaled_boundaries(base, steps):
+  """BASE's learning-rate boundaries scaled from its train_steps to STEPS."""
+  return tuple(max(1, round(b * steps / base.train_steps))
+               for b in base.lr_boundaries)
 
 
 def read_run_file(model_dir):
