@@ -157,6 +157,19 @@ class TimeToTop1Test(absltest.TestCase):
     self.assertIsNone(reached["0.92"])
 
 
+class SettingsTest(absltest.TestCase):
+
+  def test_the_header_is_what_the_runs_trained_with(self):
+    def arm(*settings):
+      return {"runs": [{"settings": x} for x in settings]}
+    self.assertIsNone(study._settings({"arms": [arm(None, None)]}))
+    a = {"dataset": "fashion_mnist", "epochs": 10.0, "width": 0.25}
+    b = dict(a, width=0.125)
+    self.assertEqual(study._settings({"arms": [arm(None, a), arm(a)]}), a)
+    self.assertEqual(study._settings({"arms": [arm(a), arm(b, a)]}),
+                     dict(a, width="0.25, 0.125"))
+
+
 class RunConfigTest(absltest.TestCase):
 
   def test_a_budget_too_short_for_the_drops_names_epochs(self):
@@ -221,6 +234,10 @@ class RunStudyTest(absltest.TestCase):
                   machine)
     self.assertEqual(set(run["time_to_top1"]),
                      {str(level) for level in study.TOP1_LEVELS})
+    # The report's header describes the runs: 63 steps of 10,000 / 32.
+    self.assertEqual(study._settings(results),
+                     {"dataset": "synthetic", "epochs": round(63 / 312.5, 2),
+                      "width": 0.0625})
     diverged = huge["runs"][0]
     self.assertEqual(diverged["status"], "diverged")
     self.assertBetween(diverged["nan_step"], 1, 63)

@@ -175,11 +175,17 @@ def _run_results(model_dir, seed):
     state["wall_seconds"] = metrics.wall_seconds(records)
   train_scalars = _scalars(os.path.join(model_dir, metrics.TRAIN_DIR))
   top1 = _scalars(os.path.join(model_dir, metrics.EVAL_DIR)).get("top1", [])
-  config = (config_file.read(model_dir)["config"]
-            if config_file.exists(model_dir) else None)
+  description = (config_file.read(model_dir)
+                 if config_file.exists(model_dir) else None)
+  config = description["config"] if description else None
   rate = metrics.images_per_second(records)
   return {
       "seed": seed, "model_dir": model_dir, **state,
+      # What the run trains with, for the report's header.
+      "settings": {"dataset": config["dataset"], "width": config["width"],
+                   "epochs": round(config["train_steps"]
+                                   / description["steps_per_epoch"], 2)}
+                  if description else None,
       "images_per_second": rate, "machines": metrics.machines(records),
       "time_to_top1": _time_to_top1(records, top1, rate, config),
       "final_top1": top1[-1][1] if top1 and state["status"] == "done"
@@ -399,6 +405,23 @@ def write_report(results, output_dir):
   return paths
 
 
+def _settings(results):
+  """{"dataset", "epochs", "width"} the runs in RESULTS trained with (each
+  value, or the values found joined by ", "), None if no run has started:
+  the report describes the runs, whatever flags a --report_only command
+  was given."""
+  found = [run["settings"] for arm in results["arms"] for run in arm["runs"]
+           if run.get("settings")]
+  if not found:
+    return None
+  settings = {}
+  for key in ("dataset", "epochs", "width"):
+    values = list(dict.fromkeys(f[key] for f in found))
+    settings[key] = (values[0] if len(values) == 1
+                     else ", ".join(str(v) for v in values))
+  return settings
+
+
 def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
                   width=None, arms=None, seeds=None, report_only=False,
                   echo=cli.print_stderr, result=print):
@@ -421,6 +444,7 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
                           seeds=seeds, echo=echo)
   except preemption.PreemptedError as e:
     cli.exit_with(f"study stopped: {e}", e.exit_code)
-  results.update(dataset=dataset, epochs=epochs, width=width)
+  results.update(_settings(results) or
+                 {"dataset": dataset, "epochs": epochs, "width": width})
   for path in write_report(results, output_dir).values():
     result(path)
