@@ -21,6 +21,7 @@ import tensorflow as tf
 from identity_tf import configs
 from identity_tf.training import checkpoints
 from identity_tf.training import config_file
+from identity_tf.training import launch
 from identity_tf.training import metrics
 from identity_tf.training import trainer
 import testing
@@ -183,11 +184,20 @@ class DamageTest(testing.SharedRootTestCase):
     rates = [record["lr"] for record in metrics.read(model_dir)
              if "lr" in record and record["step"] > 120]
     self.assertEqual(rates, [0.003])
+    # A resume shorter than log_steps: the outcome's training figures are
+    # those of the 20 steps it trained, its last progress record's.
+    outcome = trainer.train(configs.override(CONFIG, train_steps=180),
+                            model_dir, echo=lambda line: None)
+    last = [r for r in metrics.read(model_dir) if "loss" in r][-1]
+    self.assertEqual((outcome["train_window"], outcome["train_top1"]),
+                     (180 - 160, last["top1"]))
+    self.assertIn("training top-1 {:.4f} over the last 20 steps".format(
+        last["top1"]), launch.summary(outcome, CONFIG, model_dir)[0])
     # A lower --train_steps than the step reached says so.
     lines = []
     trainer.train(configs.override(CONFIG, train_steps=100), model_dir,
                 echo=lines.append)
-    self.assertTrue(any("the run is at step 160, at or past --train_steps=100"
+    self.assertTrue(any("the run is at step 180, at or past --train_steps=100"
                         in line for line in lines), lines)
 
   def test_a_changed_batch_size_is_refused_before_anything_is_written(self):

@@ -85,8 +85,9 @@ def summary(outcome, config, model_dir):
   if not outcome.get("trained", True):
     text += ", nothing trained"
   if outcome["train_top1"] is not None:
+    steps = outcome.get("train_window") or config.log_steps
     text += (f", training top-1 {outcome['train_top1']:.4f} over the last "
-             f"{config.log_steps} steps")
+             + ("step" if steps == 1 else f"{steps} steps"))
   evaluation = outcome["eval"]
   if evaluation:
     text += (f", evaluation top-1 {evaluation['top1']:.4f} (top-5 "

@@ -305,8 +305,8 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   records go to MODEL_DIR/metrics.jsonl and TensorBoard (`metrics`).
 
   Returns:
-    {"step", "train_loss", "train_top1" (last logged window), "eval": the
-    last evaluation or None, "model_dir"}.
+    {"step", "train_loss", "train_top1" (last logged window), "train_window"
+    (its steps), "eval": the last evaluation or None, "model_dir"}.
 
   The run resumes from the newest intact checkpoint in MODEL_DIR, found
   from the files (`checkpoints.resume_point`): damaged newer ones are moved
@@ -411,7 +411,7 @@ def _loop(trainer, writer, stop, echo):
        f"{config.train_steps} steps, global batch {config.batch_size}, "
        f"{trainer.strategy.num_replicas_in_sync} replica(s) "
        f"({config.strategy}); model_dir {run.model_dir}")
-  evaluated_at = None
+  evaluated_at, logged_at = None, step
   while step < config.train_steps:
     started = time.perf_counter()
     out = trainer.run_steps(_next_stop(config, step) - step)
@@ -429,7 +429,11 @@ def _loop(trainer, writer, stop, echo):
       if trainer.loss_scale is not None:
         record["loss_scale"] = trainer.loss_scale
       writer.train(record, trainer.scalars(record))
-      result.update(train_loss=record["loss"], train_top1=record["top1"])
+      # The last window may be shorter than log_steps (a run's end, a short
+      # run or resume): the summary names the steps it covers.
+      result.update(train_loss=record["loss"], train_top1=record["top1"],
+                    train_window=step - logged_at)
+      logged_at = step
     stop.check(step, trainer.save)
     if step % config.checkpoint_steps == 0 or last:
       echo(f"saved checkpoint {trainer.save(step)}")
