@@ -222,6 +222,19 @@ def check_output_file(path, flag):
                      "or give another path")
 
 
+def prepare_output_dir(path, flag="--output_dir"):
+  """PATH, created; ValueError naming FLAG before any work if it cannot be
+  (a file there, no permission)."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as error:
+    raise ValueError(f"{flag}={path} cannot be created "
+                     f"({error.strerror}); give a directory") from None
+  if not os.access(path, os.W_OK):
+    raise ValueError(f"{flag}={path} is not writable")
+  return path
+
+
 def write_whole(path, write, flag, suffix=""):
   """WRITE(a temporary path ending in SUFFIX, e.g. ".png" for a writer that
   picks its format by name), then rename it onto PATH: PATH is whole or

@@ -265,6 +265,16 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(testing.last_stderr_line(result),
                      "error: study smoke has no arm nope; its arms: smoke, "
                      "lr_x10, lr_x10_clip")
+    # An --output_dir that is a file is named as the flag typed, before
+    # anything runs.
+    a_file = self.create_tempfile().full_path
+    result = testing.run_binary("study", "--study=smoke", "--epochs=0.2",
+                                "--dataset=synthetic",
+                                f"--output_dir={a_file}")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(testing.last_stderr_line(result),
+                     f"error: --output_dir={a_file} cannot be created (File "
+                     "exists); give a directory")
     output_dir = self.create_tempdir().full_path
     result = testing.run_binary("study", "--study=smoke", "--report_only",
                                 "--dataset=synthetic",

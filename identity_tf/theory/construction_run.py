@@ -80,18 +80,6 @@ def load_dataset(name, num_examples, data_dir=None, test=False):
   return x, labels.astype(np.int64), info.num_classes
 
 
-def _prepare_output_dir(output_dir):
-  """OUTPUT_DIR, created; ValueError before any work if it cannot be."""
-  try:
-    os.makedirs(output_dir, exist_ok=True)
-  except OSError as error:
-    raise ValueError(f"--output_dir={output_dir} cannot be created "
-                     f"({error.strerror}); give a directory") from None
-  if not os.access(output_dir, os.W_OK):
-    raise ValueError(f"--output_dir={output_dir} is not writable")
-  return output_dir
-
-
 def _print_json(summary):
   print(json.dumps(summary), flush=True)
 
@@ -141,7 +129,7 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
     x, y, r = construction.validate(x, y, num_classes)
     dims = dims or [x.shape[1]]
     capacity.check_sweep(sizes, dims, len(x), x.shape[1], source)
-    _prepare_output_dir(output_dir)
+    cli.prepare_output_dir(output_dir)
     summary = capacity.run_sweep(
         x, y, r, output_dir, sizes, dims, method=reduce,
         seed=options.get("seed", 0), x_test=x_test, y_test=y_test,
@@ -256,7 +244,7 @@ def run(x, y, output_dir, *, num_classes=None, seed=0, source=None,
   # Imported before the clock starts: TensorFlow's import is not the
   # construction's time.
   from identity_tf.theory import construction_model  # pylint: disable=g-import-not-at-top,unused-import
-  _prepare_output_dir(output_dir)
+  cli.prepare_output_dir(output_dir)
   x, x_test, reduced = _reduce(reduction, x, x_test, output_dir, log)
   started, cpu_started = time.time(), time.process_time()
   result = construction.construct(

@@ -435,6 +435,7 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
   """
   from identity_tf.training import preemption  # pylint: disable=g-import-not-at-top
   study = configs.STUDIES[name]
+  cli.prepare_output_dir(output_dir)  # Before hours of training, not after.
   try:
     if report_only:
       results = collect(study, output_dir, arms=arms, seeds=seeds)
