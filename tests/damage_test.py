@@ -9,7 +9,6 @@ a training at random moments.
 """
 
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -30,18 +29,6 @@ CONFIG = configs.resolve(
     "smoke", width=0.0625, units="1", batch_size=16, train_steps=120,
     checkpoint_steps=40, log_steps=40, steps_per_loop=20, keep_checkpoints=5,
     eval_at_end=False, deterministic=True)
-
-
-def _snapshot(directory):
-  """{relative path: SHA-256} of every file under DIRECTORY."""
-  files = {}
-  for root, _, names in os.walk(directory):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        files[os.path.relpath(path, directory)] = hashlib.sha256(
-            f.read()).hexdigest()
-  return files
 
 
 def _flip(path, offset):
@@ -156,13 +143,13 @@ class DamageTest(testing.SharedRootTestCase):
     model_dir = self._copy()
     for step in (40, 80, 120):
       _flip(os.path.join(model_dir, f"ckpt-{step}.data-00000-of-00001"), 100)
-    before = _snapshot(model_dir)
+    before = testing.snapshot(model_dir)
     lines = []
     with self.assertRaisesRegex(
         ValueError, r"holds checkpoints but none is intact \(ckpt-120: .*; "
         r"ckpt-80: .*; ckpt-40: .*\); nothing was changed"):
       trainer.train(CONFIG, model_dir, echo=lines.append)
-    self.assertEqual(_snapshot(model_dir), before)
+    self.assertEqual(testing.snapshot(model_dir), before)
     # The error names them; no note before it says the same again.
     self.assertFalse(any("is damaged" in line for line in lines), lines)
     result = testing.run_binary("evaluate", f"--model_dir={model_dir}")
@@ -202,11 +189,11 @@ class DamageTest(testing.SharedRootTestCase):
 
   def test_a_changed_batch_size_is_refused_before_anything_is_written(self):
     model_dir = self._copy()
-    before = _snapshot(model_dir)
+    before = testing.snapshot(model_dir)
     with self.assertRaisesRegex(ValueError, r"batch_size \(16 -> 32\)"):
       trainer.train(configs.override(CONFIG, batch_size=32), model_dir,
                   echo=lambda line: None)
-    self.assertEqual(_snapshot(model_dir), before)
+    self.assertEqual(testing.snapshot(model_dir), before)
 
   def test_one_training_per_directory(self):
     model_dir = self._copy()

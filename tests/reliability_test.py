@@ -5,7 +5,6 @@ commands that train nothing."""
 
 import fcntl
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -59,21 +58,6 @@ def _own_lines(result):
   the command itself said."""
   return [line for line in result.stderr.splitlines()
           if line.strip() and not _MACHINE_LOG.match(line)]
-
-
-def _snapshot(directory):
-  """{relative path: SHA-256 of a file, or None for a directory} of
-  everything under DIRECTORY ({} if it does not exist)."""
-  entries = {}
-  for root, dirs, names in os.walk(directory):
-    for name in dirs:
-      entries[os.path.relpath(os.path.join(root, name), directory)] = None
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        entries[os.path.relpath(path, directory)] = hashlib.sha256(
-            f.read()).hexdigest()
-  return entries
 
 
 def _float_flags(binary):
@@ -199,7 +183,7 @@ class PrepareDataTest(testing.SharedRootTestCase):
     os.makedirs(data_dir)
     with open(os.path.join(data_dir, "notes.txt"), "w") as f:
       f.write("what the user keeps here\n")
-    before = _snapshot(data_dir)
+    before = testing.snapshot(data_dir)
     result = testing.run_binary("prepare_data", "--dataset=fashion_mnist",
                                 f"--data_dir={data_dir}",
                                 f"--source_dir={truncated}")
@@ -216,13 +200,13 @@ class PrepareDataTest(testing.SharedRootTestCase):
         f"header), but only {kept - 16} follow it; replace it with an "
         "intact copy"), named[0])
     self.assertNotIn("reshape", result.stderr)
-    self.assertEqual(_snapshot(data_dir), before)
+    self.assertEqual(testing.snapshot(data_dir), before)
     # The same data_dir takes the good files.
     result = _run_with_fewer_mnist_records(
         counts, "--dataset=fashion_mnist", f"--data_dir={data_dir}",
         f"--source_dir={good}")
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-    after = _snapshot(data_dir)
+    after = testing.snapshot(data_dir)
     self.assertEqual({k: after[k] for k in before}, before)
     infos = [k for k in after
              if re.fullmatch(r"fashion_mnist/[\d.]+/dataset_info\.json", k)]
@@ -379,7 +363,7 @@ class OneRunTest(testing.SharedRootTestCase):
       lock.truncate()
       lock.write(holder + "\n")
       lock.flush()
-      before = {key: _snapshot(model_dir)
+      before = {key: testing.snapshot(model_dir)
                 for key, (_, model_dir, _) in cases.items()}
       results = testing.run_binaries(
           "train", {key: args for key, (args, _, _) in cases.items()},
@@ -393,7 +377,7 @@ class OneRunTest(testing.SharedRootTestCase):
       self.assertLen(lines, 1, what)
       self.assertRegex(lines[0], pattern, what)
       self.assertEqual(result.stdout, "", what)
-      self.assertEqual(_snapshot(model_dir), before[key], key)
+      self.assertEqual(testing.snapshot(model_dir), before[key], key)
     self.assertFalse(os.path.exists(os.path.join(self.root, "fresh")))
     self.assertEqual(os.listdir(no_data), [])
 
@@ -401,7 +385,7 @@ class OneRunTest(testing.SharedRootTestCase):
     model_dir = self._copy("all_damaged")
     for step in (10, 20):
       _damage(os.path.join(model_dir, f"ckpt-{step}.data-00000-of-00001"))
-    before = _snapshot(model_dir)
+    before = testing.snapshot(model_dir)
     export_dir = os.path.join(self.root, "exported")
     result = testing.run_binary("export", f"--model_dir={model_dir}",
                                 f"--export_dir={export_dir}")
@@ -413,7 +397,7 @@ class OneRunTest(testing.SharedRootTestCase):
                      "ckpt-10: ")
     self.assertEqual(result.stdout, "")
     self.assertFalse(os.path.exists(export_dir))
-    self.assertEqual(_snapshot(model_dir), before)
+    self.assertEqual(testing.snapshot(model_dir), before)
 
 
 class OneRightLineTest(testing.SharedRootTestCase):

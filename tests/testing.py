@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -119,6 +120,21 @@ def report_written(test, result, json_path, png_path):
   with open(png_path, "rb") as f:
     test.assertEqual(f.read(8), PNG_SIGNATURE)
   return report
+
+
+def snapshot(directory):
+  """{relative path: SHA-256 of a file, or None for a directory} of
+  everything under DIRECTORY ({} if it does not exist)."""
+  entries = {}
+  for root, dirs, names in os.walk(directory):
+    for name in dirs:
+      entries[os.path.relpath(os.path.join(root, name), directory)] = None
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        entries[os.path.relpath(path, directory)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return entries
 
 
 def last_stderr_line(result):
