@@ -233,8 +233,9 @@ def bf16_matmul_peak(size=SGEMM_SIZE, repeats=3, log=None):
 def bf16_features(flags):
   """Which of the CPU's FLAGS (lscpu's) speed up bfloat16: AVX512-BF16's
   dot products and AMX's tile multiplies."""
-  return {name: name in flags for name in ("avx512_bf16", "amx_bf16",
-                                            "amx_tile")}
+  # amx_tile: the tile registers AMX's bfloat16 multiplies run on.
+  return {name: name in flags
+          for name in distribute.BF16_CPU_FLAGS + ("amx_tile",)}
 
 
 # ---------------------------------------------------------------------------

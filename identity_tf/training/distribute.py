@@ -215,6 +215,12 @@ def describe_failure(error):
 # -----------------------------------------------------------------------------
 # The hardware a precision is meant for.
 
+# CPU instructions that compute in bfloat16 natively: AVX512-BF16's dot
+# products and AMX's tile multiplies. Without them TensorFlow converts to
+# float32 and back around every operation.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
 def _cpuinfo(path):
   """The first processor's fields in PATH (a /proc/cpuinfo), {} if none."""
   fields = {}
@@ -266,12 +272,6 @@ def machine(device_types=None, cpu=None, cores=None):
     if count:
       line += f", {count} {kind}"
   return line
-
-
-# CPU instructions that compute in bfloat16 natively: AVX512-BF16's dot
-# products and AMX's tile multiplies. Without them TensorFlow converts to
-# float32 and back around every operation.
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def precision_note(precision, device_types=None, cpu_flags=None):

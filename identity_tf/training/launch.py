@@ -38,9 +38,7 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
         distribute.run_parameter_server_task()):
       return
     if dry_run:
-      _dry_run(config, model_dir, data_dir=data_dir, tpu=tpu,
-               cluster_timeout=cluster_timeout, progress=progress,
-               result=result)
+      _dry_run(config, model_dir, data_dir, progress, result)
       return
     outcome = trainer.train(config, model_dir, data_dir=data_dir, tpu=tpu,
                             cluster_timeout=cluster_timeout, echo=progress)
@@ -58,14 +56,12 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
       result(line)
 
 
-def _dry_run(config, model_dir, *, data_dir, tpu, cluster_timeout, progress,
-             result):
+def _dry_run(config, model_dir, data_dir, progress, result):
   """Resolves and checks CONFIG and MODEL_DIR as `trainer.train` would and
   shows the run, writing nothing: config.json records what runs, not what
-  was tried. It contacts no TPU or cluster, so the batch is checked against
-  one replica only; the dataset need not be prepared yet (its metadata is
-  TFDS's)."""
-  del tpu, cluster_timeout  # Only a real run creates its strategy.
+  was tried. It contacts no TPU or cluster (only a real run creates its
+  strategy), so the batch is checked against one replica only; the dataset
+  need not be prepared yet (its metadata is TFDS's)."""
   run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset,
                                                        data_dir),
                         model_dir, data_dir)
