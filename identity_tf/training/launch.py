@@ -81,7 +81,7 @@ def summary(outcome, config, model_dir):
   if not outcome.get("trained", True):
     text += ", nothing trained"
   if outcome["train_top1"] is not None:
-    steps = outcome.get("train_window") or config.log_steps
+    steps = outcome["train_window"]  # Set with train_top1 (trainer._loop).
     text += (f", training top-1 {outcome['train_top1']:.4f} over the last "
              + ("step" if steps == 1 else f"{steps} steps"))
   evaluation = outcome["eval"]
