@@ -28,7 +28,7 @@ TINY_STUDY = configs.Study(
 
 
 def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None,
-         machines=()):
+         machines=None):
   steps = [100 * (i + 1) for i in range(len(top1))]
   # Reached at the first evaluation at or above the level, 1 s per step
   # undisturbed, 1.5 s as it ran.
@@ -39,7 +39,7 @@ def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None,
   return {"seed": seed, "status": status, "nan_step": nan_step,
           "wall_seconds": 60 * minutes, "model_dir": "x",
           "images_per_second": rate, "time_to_top1": reached,
-          "machines": list(machines),
+          "machines": dict(machines or {}),
           "final_top1": top1[-1] if status == "done" else None,
           "best_top1": max(top1) if top1 else None,
           "curves": {"train_loss": [[s, 2.0 / s] for s in steps],
@@ -52,11 +52,13 @@ MADE_UP = {
         {"name": "literal", "description": "as written", "runs": [
             _run(0, "diverged", [], nan_step=160, minutes=0.5)]},
         {"name": "clip", "description": "clipped", "runs": [
-            _run(0, "done", [0.80, 0.9120], rate=100.0, machines=["A"]),
-            _run(1, "done", [0.82, 0.9050], rate=110.0, machines=["B"]),
-            # Resumed on another machine.
+            _run(0, "done", [0.80, 0.9120], rate=100.0,
+                 machines={"A": 100.0}),
+            _run(1, "done", [0.82, 0.9050], rate=110.0,
+                 machines={"B": 110.0}),
+            # Resumed on another machine, slower there.
             _run(2, "done", [0.86, 0.9180], rate=120.0,
-                 machines=["A", "B"])]},
+                 machines={"A": 140.0, "B": 61.4})]},
         {"name": "half", "description": "one seed left", "runs": [
             _run(0, "done", [0.7, 0.85]),
             _run(1, "running", [0.6], minutes=0.5)]},
@@ -100,11 +102,12 @@ class ReportTest(absltest.TestCase):
       text = f.read()
     self.assertIn("- dataset: fashion_mnist", text)
     self.assertIn(study.markdown_table(MADE_UP), text)
-    # Each run under the machines it trained on; runs from before the
-    # machine was recorded say so.
+    # Each run under the machines it trained on, with its speed there; runs
+    # from before the machine was recorded say so.
     self.assertIn("images/s and minutes measured on:\n\n"
                   "- not recorded: literal 0, half 0, half 1\n"
-                  "- A: clip 0, clip 2\n- B: clip 1, clip 2\n", text)
+                  "- A: clip 0 (100 images/s), clip 2 (140 images/s)\n"
+                  "- B: clip 1 (110 images/s), clip 2 (61 images/s)\n", text)
     self.assertEqual(study.machines_note({"arms": [MADE_UP["arms"][0]]}), "")
     with open(paths[study.CURVES_PNG], "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
@@ -121,7 +124,7 @@ class TimeToLevelsTest(absltest.TestCase):
         {"step": 200, "loss": 0.9, "images_per_second": 70.0, "time": 1030.0},
         # Killed; resumed from step 100 an hour later.
         {"step": 100, "start": True, "time": 5000.0, "machine": "Y"},
-        {"step": 200, "loss": 0.9, "images_per_second": 60.0, "time": 5020.0},
+        {"step": 200, "loss": 0.9, "images_per_second": 90.0, "time": 5020.0},
         {"step": 200, "eval": {"top1": 0.91}, "time": 5025.0},
         # //bin:evaluate's records do not count.
         {"step": 200, "eval": {"top1": 0.95}, "source": "evaluate",
@@ -132,10 +135,14 @@ class TimeToLevelsTest(absltest.TestCase):
     # 30 s in the first session, 25 s in the second.
     self.assertEqual(reached[0.9], {"step": 200, "wall_seconds": 55.0})
     self.assertIsNone(reached[0.92])
-    self.assertEqual(metrics.images_per_second(records), 60.0)
+    self.assertEqual(metrics.images_per_second(records), 70.0)
     # The training time of the run: //bin:evaluate's later record adds none.
     self.assertEqual(metrics.wall_seconds(records), 55.0)
-    self.assertEqual(metrics.machines(records + records), ["X", "Y"])
+    # Each machine's speed from its own windows: X's 50 and 70, Y's 90.
+    self.assertEqual(metrics.machines(records + records),
+                     {"X": 60.0, "Y": 90.0})
+    self.assertEqual(list(metrics.machines(records[4:] + records)),
+                     ["Y", "X"])
 
 
 class TimeToTop1Test(absltest.TestCase):

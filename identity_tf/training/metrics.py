@@ -164,15 +164,20 @@ def time_to_levels(records, levels):
 
 
 def machines(records):
-  """The hardware RECORDS' sessions of training ran on (the start records'
-  "machine" lines), each once, in order of first use; [] if not recorded
-  (runs from before it was)."""
-  seen = []
+  """{machine: images/s there} for the hardware RECORDS' sessions of
+  training ran on (the start records' "machine" lines), in order of first
+  use, each with the median images/s (`images_per_second`) of the training
+  windows it ran, None if none: a run resumed on another CPU has a speed
+  for each. {} if not recorded (runs from before it was)."""
+  windows, machine = {}, None
   for record in records:
-    if record.get("start") and record.get("machine") and (
-        record["machine"] not in seen):
-      seen.append(record["machine"])
-  return seen
+    if record.get("start"):
+      machine = record.get("machine")
+      if machine:
+        windows.setdefault(machine, [])
+    elif machine and "images_per_second" in record:
+      windows[machine].append(record)
+  return {machine: images_per_second(on) for machine, on in windows.items()}
 
 
 def images_per_second(records):

@@ -323,13 +323,18 @@ def markdown_table(results):
 
 def machines_note(results):
   """Which hardware each run trained on, for the table's images/s and
-  minutes: one line per machine (`distribute.machine`'s) with its runs, a
-  run resumed elsewhere under each; '' if no run recorded it."""
+  minutes: one line per machine (`distribute.machine`'s) with its runs and
+  their images/s there, a run resumed elsewhere under each (the table's
+  images/s is the median over all its machines); '' if no run recorded
+  it."""
   runs_on = {}
   for arm in results["arms"]:
     for run in arm["runs"]:
-      for machine in run.get("machines") or ["not recorded"]:
-        runs_on.setdefault(machine, []).append(f"{arm['name']} {run['seed']}")
+      for machine, rate in (run.get("machines") or
+                            {"not recorded": None}).items():
+        runs_on.setdefault(machine, []).append(
+            f"{arm['name']} {run['seed']}"
+            + (f" ({rate:.0f} images/s)" if rate else ""))
   if list(runs_on) in ([], ["not recorded"]):
     return ""
   return "images/s and minutes measured on:\n\n" + "".join(
