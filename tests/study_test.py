@@ -109,6 +109,16 @@ class ReportTest(absltest.TestCase):
                   "- A: clip 0 (100 images/s), clip 2 (140 images/s)\n"
                   "- B: clip 1 (110 images/s), clip 2 (61 images/s)\n", text)
     self.assertEqual(study.machines_note({"arms": [MADE_UP["arms"][0]]}), "")
+    # A run not started trained nowhere: not under "not recorded"; one
+    # stopped half-way did train (and is pending as well).
+    not_started = {"name": "later", "runs": [
+        _run(0, "done", [0.5], machines={"A": 90.0}),
+        _run(1, "pending", []),
+        _run(2, "pending", [0.6], machines={"B": 80.0})]}
+    self.assertEqual(study.machines_note({"arms": [not_started]}),
+                     "images/s and minutes measured on:\n\n"
+                     "- A: later 0 (90 images/s)\n"
+                     "- B: later 2 (80 images/s)\n")
     with open(paths[study.CURVES_PNG], "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
     self.assertGreater(os.path.getsize(paths[study.CURVES_PNG]), 10_000)

@@ -325,11 +325,14 @@ def machines_note(results):
   """Which hardware each run trained on, for the table's images/s and
   minutes: one line per machine (`distribute.machine`'s) with its runs and
   their images/s there, a run resumed elsewhere under each (the table's
-  images/s is the median over all its machines); '' if no run recorded
-  it."""
+  images/s is the median over all its machines); runs that have not
+  started are left out; '' if no run recorded it."""
   runs_on = {}
   for arm in results["arms"]:
     for run in arm["runs"]:
+      if run["status"] == "pending" and not (run["machines"] or
+                                             run["curves"]["train_loss"]):
+        continue  # Not started: it trained nowhere.
       for machine, rate in (run.get("machines") or
                             {"not recorded": None}).items():
         runs_on.setdefault(machine, []).append(
