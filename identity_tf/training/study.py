@@ -330,11 +330,11 @@ def machines_note(results):
   runs_on = {}
   for arm in results["arms"]:
     for run in arm["runs"]:
-      if run["status"] == "pending" and not (run["machines"] or
+      machines = run.get("machines")
+      if run["status"] == "pending" and not (machines or
                                              run["curves"]["train_loss"]):
         continue  # Not started: it trained nowhere.
-      for machine, rate in (run.get("machines") or
-                            {"not recorded": None}).items():
+      for machine, rate in (machines or {"not recorded": None}).items():
         runs_on.setdefault(machine, []).append(
             f"{arm['name']} {run['seed']}"
             + (f" ({rate:.0f} images/s)" if rate else ""))
