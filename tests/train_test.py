@@ -495,6 +495,31 @@ class InterruptionTest(testing.ProcessTestCase):
                        check=True)
     self._assert_matches_reference(model_dir)
 
+  def test_a_stop_on_an_evaluation_step_evaluates_on_resuming(self):
+    # SIGTERM during the steps up to an evaluation step stops there with a
+    # checkpoint and no evaluation; the resumed run must make it up, once.
+    model_dir = os.path.join(self.root, "stopped_at_evaluation")
+    settings = dict(TINY, units="1", log_steps=10, eval_steps=10,
+                    num_eval_examples=32, eval_batch_size=16)
+
+    def terminate_at_step_10(line):
+      record = json.loads(line) if line.startswith("{") else {}
+      if record.get("step") == 10 and "train_steps" in record:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    config = configs.resolve(**settings, train_steps=20)
+    with self.assertRaisesRegex(preemption.PreemptedError, "at step 10;"):
+      trainer.train(config, model_dir, echo=terminate_at_step_10)
+    self.assertEqual(metrics.evaluated_steps(metrics.read(model_dir)), set())
+    trainer.train(config, model_dir, echo=lambda line: None)
+    # A run resumed where it had evaluated (here the end, step 20) does not
+    # evaluate that step again.
+    trainer.train(configs.resolve(**settings, train_steps=30), model_dir,
+                  echo=lambda line: None)
+    steps = [record["step"] for record in metrics.read(model_dir)
+             if "eval" in record]
+    self.assertEqual(steps, [10, 20, 30])
+
   def test_sigterm_writes_a_checkpoint_and_evaluate_watches(self):
     # In this process, to save a TensorFlow start-up: SIGTERM arrives right
     # after the first checkpoint, as preemption would.

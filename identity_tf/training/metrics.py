@@ -146,6 +146,13 @@ def wall_seconds(records):
   return max(elapsed) if elapsed else 0.0
 
 
+def evaluated_steps(records):
+  """The steps at which training evaluated, in RECORDS (`read`'s);
+  //bin:evaluate's records do not count."""
+  return {record["step"] for record in records
+          if "eval" in record and record.get("source") != "evaluate"}
+
+
 def time_to_levels(records, levels):
   """{level: {"step", "wall_seconds"} or None} for each test top-1 LEVEL:
   the first evaluation of training in RECORDS (`read`'s) at or above it,

@@ -412,6 +412,14 @@ def _loop(trainer, writer, stop, echo):
        f"{trainer.strategy.num_replicas_in_sync} replica(s) "
        f"({config.strategy}); model_dir {run.model_dir}")
   evaluated_at, logged_at = None, step
+  if (trainer.chief and config.eval_steps and step > 0
+      and step % config.eval_steps == 0
+      and step not in metrics.evaluated_steps(metrics.read(run.model_dir))):
+    # The stop (SIGTERM or a kill) came on an evaluation step, after its
+    # checkpoint and before its evaluation: without this one the curve and
+    # the time to each accuracy would skip an epoch.
+    result["eval"], evaluated_at = trainer.evaluate(), step
+    writer.evaluation(step, result["eval"])
   while step < config.train_steps:
     started = time.perf_counter()
     out = trainer.run_steps(_next_stop(config, step) - step)
