@@ -22,6 +22,9 @@ TRAIN_DIR = "train"
 EVAL_DIR = "eval"
 # The evaluation's scores that go to TensorBoard.
 EVAL_SCALARS = ("loss", "top1", "top5")
+# The "source" of the records //bin:evaluate adds to a run's metrics.jsonl:
+# not the run's own evaluations, and no training time.
+EVALUATE_SOURCE = "evaluate"
 
 
 class MetricsWriter:
@@ -121,6 +124,10 @@ def read(model_dir):
   return records
 
 
+def _from_evaluate(record):
+  return record.get("source") == EVALUATE_SOURCE
+
+
 def _training_time(records):
   """Yields (record, seconds of training up to it) for RECORDS (`read`'s):
   over each session of training (from a "start" record) the time from its
@@ -128,7 +135,7 @@ def _training_time(records):
   //bin:evaluate's records (written whenever it ran) count no time."""
   total, start, last = 0.0, None, None
   for record in records:
-    if record.get("source") == "evaluate":
+    if _from_evaluate(record):
       yield record, None
       continue
     if record.get("start"):
@@ -150,7 +157,7 @@ def evaluated_steps(records):
   """The steps at which training evaluated, in RECORDS (`read`'s);
   //bin:evaluate's records do not count."""
   return {record["step"] for record in records
-          if "eval" in record and record.get("source") != "evaluate"}
+          if "eval" in record and not _from_evaluate(record)}
 
 
 def time_to_levels(records, levels):
@@ -161,7 +168,7 @@ def time_to_levels(records, levels):
   reached = {level: None for level in levels}
   for record, elapsed in _training_time(records):
     top1 = record.get("eval", {}).get("top1")
-    if top1 is None or record.get("source") == "evaluate":
+    if top1 is None or _from_evaluate(record):
       continue
     for level in levels:
       if reached[level] is None and top1 >= level:

@@ -418,8 +418,7 @@ def _loop(trainer, writer, stop, echo):
     # The stop (SIGTERM or a kill) came on an evaluation step, after its
     # checkpoint and before its evaluation: without this one the curve and
     # the time to each accuracy would skip an epoch.
-    result["eval"], evaluated_at = trainer.evaluate(), step
-    writer.evaluation(step, result["eval"])
+    result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
   while step < config.train_steps:
     started = time.perf_counter()
     out = trainer.run_steps(_next_stop(config, step) - step)
@@ -447,13 +446,18 @@ def _loop(trainer, writer, stop, echo):
       echo(f"saved checkpoint {trainer.save(step)}")
     if trainer.chief and config.eval_steps and (
         step % config.eval_steps == 0 or last):
-      result["eval"], evaluated_at = trainer.evaluate(), step
-      writer.evaluation(step, result["eval"])
+      result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
   result["step"] = step
   if config.eval_at_end and trainer.chief and evaluated_at != step:
-    result["eval"] = trainer.evaluate()
-    writer.evaluation(step, result["eval"])
+    result["eval"] = _evaluate(trainer, writer, step)
   return result
+
+
+def _evaluate(trainer, writer, step):
+  """The evaluation of TRAINER's current weights, recorded at STEP."""
+  scores = trainer.evaluate()
+  writer.evaluation(step, scores)
+  return scores
 
 
 def _next_stop(config, step):
