@@ -131,8 +131,10 @@ class Config:
   keep_checkpoints: int = _field(5, "Keep the last N checkpoints.")
   log_steps: int = _field(100, "Progress line and TensorBoard scalars every "
                           "N steps.")
-  steps_per_loop: int = _field(100, "Steps per tf.function call (TPUs want "
-                               "many).")
+  steps_per_loop: int = _field(100, "Most steps per tf.function call (TPUs "
+                               "want many); a run on one machine runs fewer "
+                               "when they would take over 10 s, so that "
+                               "SIGTERM is honoured in time.")
   eval_steps: int = _field(0, "Evaluate on the evaluation split every N "
                            "steps (0: only at the end).")
   eval_at_end: bool = _field(True, "Evaluate on the evaluation split when "

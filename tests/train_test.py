@@ -12,6 +12,7 @@ import signal
 import sys
 import tempfile
 import time
+from unittest import mock
 
 from absl.testing import absltest
 import keras
@@ -438,6 +439,36 @@ class DiagnosticsTest(absltest.TestCase):
                            places=5)
 
 
+class CallLengthTest(absltest.TestCase):
+  """How many steps a tf.function call runs: SIGTERM waits for its end."""
+
+  def test_a_call_ends_within_call_seconds_of_steps(self):
+    # By hand, 10 s of steps: the full-width network on an AVX2 CPU (15 s a
+    # step) runs one step a call, bfloat16 on AMX (1.28 s) seven, and a
+    # fast network (5 ms) 2000, as many as --steps_per_loop allows.
+    with mock.patch.object(preemption, "CALL_SECONDS", 10.0):
+      self.assertEqual(preemption.steps_per_call(15.0, 100), 1)
+      self.assertEqual(preemption.steps_per_call(1.28, 100), 7)
+      self.assertEqual(preemption.steps_per_call(0.005, 100), 100)
+      self.assertEqual(preemption.steps_per_call(0.005, 5000), 2000)
+
+  def test_a_slow_run_says_when_its_next_progress_line_comes(self):
+    config = configs.resolve(**{**TINY, "units": "1", "log_steps": 100},
+                             train_steps=4688)
+    lines = []
+    # By hand: 98 steps of 15.1 s are 1479.8 s, 24 min 40 s.
+    trainer._announce_slow_progress(config, 2, 15.1, lines.append)
+    self.assertEqual(lines, ["15.1 s per step: the next progress line, at "
+                             "step 100, in about 0:24:40"])
+    # 98 steps of 0.6 s are under a minute: nothing to say.
+    trainer._announce_slow_progress(config, 2, 0.6, lines.append)
+    self.assertLen(lines, 1)
+    # Near the end, the next line is the last step's.
+    trainer._announce_slow_progress(config, 4601, 15.1, lines.append)
+    self.assertEqual(lines[-1], "15.1 s per step: the next progress line, at "
+                     "step 4688, in about 0:21:54")
+
+
 class InterruptionTest(testing.ProcessTestCase):
   """SIGKILL, SIGTERM and resuming a --deterministic run, plus bin/evaluate."""
 
@@ -494,6 +525,41 @@ class InterruptionTest(testing.ProcessTestCase):
     testing.run_binary("train", f"--model_dir={model_dir}", *self.flags,
                        check=True)
     self._assert_matches_reference(model_dir)
+
+  def test_sigterm_stops_slow_steps_within_a_call_of_seconds(self):
+    # Steps of at least 20 ms and --steps_per_loop as long as the run:
+    # SIGTERM during the call that runs step 41 must stop the run at the end
+    # of that call, at most 0.2 s (CALL_SECONDS here) of steps on, not at
+    # the end of a 3000-step call.
+    model_dir = os.path.join(self.root, "slow_steps")
+    every = 3000
+    config = configs.resolve(
+        **{**TINY, "units": "1", "log_steps": every, "checkpoint_steps": every,
+           "steps_per_loop": every}, train_steps=every)
+    calls = []
+    run_steps = trainer.Trainer.run_steps
+
+    def slow_run_steps(self, num_steps):
+      calls.append(num_steps)
+      time.sleep(0.02 * num_steps)
+      if sum(calls[:-1]) <= 40 < sum(calls):
+        os.kill(os.getpid(), signal.SIGTERM)
+      return run_steps(self, num_steps)
+
+    with mock.patch.object(preemption, "CALL_SECONDS", 0.2), \
+        mock.patch.object(trainer.Trainer, "run_steps", slow_run_steps):
+      with self.assertRaises(preemption.PreemptedError) as raised:
+        trainer.train(config, model_dir, echo=lambda line: None)
+    stopped_at = int(str(raised.exception).split("at step ")[1].split(";")[0])
+    self.assertEqual(stopped_at, sum(calls))
+    self.assertEqual(checkpoints.checkpoint_step(
+        tf.train.latest_checkpoint(model_dir)), stopped_at)
+    # The first call, its pace unknown, is one step; then up to 0.2 s / 20
+    # ms = 10 steps a call, more than one (a tiny network's step is a few
+    # ms), so the stop comes at most 10 steps after step 40.
+    self.assertEqual(calls[0], 1)
+    self.assertBetween(max(calls), 2, 10)
+    self.assertBetween(stopped_at, 41, 50)
 
   def test_a_stop_on_an_evaluation_step_evaluates_on_resuming(self):
     # SIGTERM during the steps up to an evaluation step stops there with a

@@ -9,6 +9,21 @@ import tensorflow as tf
 # interrupted (not a finished, not a failed) run.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 
+# A signal is seen between the training loop's tf.function calls only, and
+# schedulers send SIGKILL about 30 s after SIGTERM (Kubernetes' default
+# terminationGracePeriodSeconds, Compute Engine's preemption notice): a
+# call is kept to about this many seconds, leaving the rest for the
+# checkpoint.
+CALL_SECONDS = 10.0
+
+
+def steps_per_call(seconds_per_step, most):
+  """The steps of a call that ends within CALL_SECONDS at SECONDS_PER_STEP
+  (the last call's pace): at least 1, at most MOST (--steps_per_loop)."""
+  if seconds_per_step <= 0:
+    return most
+  return max(1, min(most, int(CALL_SECONDS / seconds_per_step)))
+
 
 class PreemptedError(Exception):
   """SIGTERM (or SIGINT) arrived; a checkpoint was written, the run stopped.
@@ -24,6 +39,12 @@ class PreemptedError(Exception):
 
 class Preemption:
   """SIGTERM: a checkpoint at the end of the current call, then a stop.
+
+  `paced`: whether the loop keeps its calls short (`steps_per_call`), so
+  that the stop comes within CALL_SECONDS of the signal however slow a step
+  is. Workers of a cluster run calls of --steps_per_loop steps: theirs must
+  be equally long (the steps all-reduce together), and parameter-server
+  closures run on other machines.
 
   On one worker, a signal handler records SIGTERM and `check` saves. Under
   `multi_worker_mirrored` with a cluster, TensorFlow's
@@ -44,6 +65,8 @@ class Preemption:
           termination_config=tf.distribute.experimental.TerminationConfig(
               exit_fn=self._saved))
     self._manager = manager
+    self.paced = self._handler is None and not isinstance(
+        strategy, tf.distribute.experimental.ParameterServerStrategy)
 
   def _saved(self):
     # The handler saved (SIGTERM here or at a peer); `check` stops.

@@ -6,14 +6,16 @@ runs `_loop`, which reads top to bottom: run steps, report, save, evaluate.
 What the loop does with the model, the optimizer, the input and the
 checkpoints is `Trainer`'s: one custom loop serves every strategy
 (`default`, `mirrored`, `multi_worker_mirrored`, `tpu`, `parameter_server`;
-`distribute`), a `tf.function` of `steps_per_loop` SGD steps
-(`step.make_train_step`), scheduled through a `ClusterCoordinator` under
+`distribute`), a `tf.function` of up to `steps_per_loop` SGD steps
+(`step.make_train_step`; fewer when they would take over
+`preemption.CALL_SECONDS`), scheduled through a `ClusterCoordinator` under
 `parameter_server` (Keras 3's `fit` does not support that strategy). Every
 record goes through one `metrics.MetricsWriter`; SIGTERM and Ctrl-C write a
 checkpoint and stop (`preemption`); a NaN stops the run naming where it
 began (`diagnostics`).
 """
 
+import datetime
 import json
 import os
 import time
@@ -419,11 +421,20 @@ def _loop(trainer, writer, stop, echo):
     # checkpoint and before its evaluation: without this one the curve and
     # the time to each accuracy would skip an epoch.
     result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
+  # The length of a call: one step first (tracing included, its pace is
+  # unknown), then what ends within preemption.CALL_SECONDS at the last
+  # call's pace, so that SIGTERM is honoured in time however slow a step is.
+  most, calls = (1 if stop.paced else config.steps_per_loop), 0
   while step < config.train_steps:
     started = time.perf_counter()
-    out = trainer.run_steps(_next_stop(config, step) - step)
+    out = trainer.run_steps(_next_stop(config, step, most) - step)
     seconds = time.perf_counter() - started
-    step = trainer.step
+    pace = seconds / (trainer.step - step)
+    step, calls = trainer.step, calls + 1
+    if stop.paced:
+      most = preemption.steps_per_call(pace, config.steps_per_loop)
+    if calls == 2 and trainer.chief:
+      _announce_slow_progress(config, step, pace, echo)
     diagnostics.check_finite(out, step, trainer.watched, window,
                              checkpoints.last_written(trainer.manager))
     diagnostics.check_loss_scale(trainer.loss_scale, step,
@@ -460,10 +471,23 @@ def _evaluate(trainer, writer, step):
   return scores
 
 
-def _next_stop(config, step):
-  """The next step at which the loop has something to do."""
+def _announce_slow_progress(config, step, pace, echo):
+  """One line when the next progress line is over a minute away at PACE
+  (seconds per step, measured after tracing): a slow run's first sign of
+  life is otherwise that line, up to half an hour after the start."""
+  following = min((step // config.log_steps + 1) * config.log_steps,
+                  config.train_steps)
+  left = (following - step) * pace
+  if left > 60:
+    echo(f"{pace:.3g} s per step: the next progress line, at step "
+         f"{following}, in about {datetime.timedelta(seconds=round(left))}")
+
+
+def _next_stop(config, step, most):
+  """The next step at which the loop has something to do: at most MOST
+  steps on."""
   every = [config.log_steps, config.checkpoint_steps]
   if config.eval_steps:
     every.append(config.eval_steps)
-  return min([config.train_steps, step + config.steps_per_loop] +
+  return min([config.train_steps, step + most] +
              [(step // n + 1) * n for n in every])
