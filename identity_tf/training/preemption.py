@@ -41,8 +41,8 @@ class Preemption:
   """SIGTERM: a checkpoint at the end of the current call, then a stop.
 
   `paced`: whether the loop keeps its calls short (`steps_per_call`), so
-  that the stop comes within CALL_SECONDS of the signal however slow a step
-  is. Workers of a cluster run calls of --steps_per_loop steps: theirs must
+  that the stop comes within CALL_SECONDS of the signal, or within one step
+  where a step takes longer. Workers of a cluster run calls of --steps_per_loop steps: theirs must
   be equally long (the steps all-reduce together), and parameter-server
   closures run on other machines.
 

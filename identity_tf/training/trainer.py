@@ -423,7 +423,7 @@ def _loop(trainer, writer, stop, echo):
     result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
   # The length of a call: one step first (tracing included, its pace is
   # unknown), then what ends within preemption.CALL_SECONDS at the last
-  # call's pace, so that SIGTERM is honoured in time however slow a step is.
+  # call's pace, so that SIGTERM is honoured within about that (or a step).
   most, calls = (1 if stop.paced else config.steps_per_loop), 0
   while step < config.train_steps:
     started = time.perf_counter()
