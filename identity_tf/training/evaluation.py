@@ -131,7 +131,8 @@ def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
                       num_examples=num_examples)
     if write_summaries:
       with metrics.MetricsWriter(run.model_dir) as writer:
-        writer.evaluation(step, scores, source=metrics.EVALUATE_SOURCE, dataset=dataset)
+        writer.evaluation(step, scores, source=metrics.EVALUATE_SOURCE,
+                          dataset=dataset)
     emit({"global_step": step, "dataset": dataset, **scores})
     return step
   return evaluate_checkpoint

@@ -42,9 +42,9 @@ class Preemption:
 
   `paced`: whether the loop keeps its calls short (`steps_per_call`), so
   that the stop comes within CALL_SECONDS of the signal, or within one step
-  where a step takes longer. Workers of a cluster run calls of --steps_per_loop steps: theirs must
-  be equally long (the steps all-reduce together), and parameter-server
-  closures run on other machines.
+  where a step takes longer. Workers of a cluster run calls of
+  --steps_per_loop steps: theirs must be equally long (the steps all-reduce
+  together), and parameter-server closures run on other machines.
 
   On one worker, a signal handler records SIGTERM and `check` saves. Under
   `multi_worker_mirrored` with a cluster, TensorFlow's
