@@ -164,6 +164,52 @@ class DamageTest(testing.SharedRootTestCase):
     self._resume(model_dir)
     self.assertFalse(any("_temp" in name for name in os.listdir(model_dir)))
 
+  def test_a_kill_during_rotation_leaves_nothing_that_stops_the_resume(self):
+    # Rotation deletes a checkpoint's .index, then its .data, and the save
+    # then removes its .sha256 (`checkpoints.prune_digests`): a kill between
+    # two of those leaves the rest behind, older than the newest checkpoint.
+    cases = {
+        "its .sha256 left": (".index", ".data-00000-of-00001"),
+        "its .data and .sha256 left": (".index",),
+    }
+    for name, deleted in cases.items():
+      with self.subTest(name):
+        model_dir = self._copy()
+        # And a record a kill cut short when ckpt-40 was saved.
+        with open(os.path.join(model_dir, "ckpt-40.sha256.tmp"), "w") as f:
+          f.write("{")
+        left = sorted(set(f for f in os.listdir(model_dir)
+                          if f.startswith("ckpt-40.")) -
+                      {"ckpt-40" + suffix for suffix in deleted})
+        for suffix in deleted:
+          os.remove(os.path.join(model_dir, "ckpt-40" + suffix))
+        # A reader (evaluate, export) beside a running training sees
+        # rotation mid-way: it says nothing of the checkpoints it skips.
+        self.assertEqual(checkpoints.intact_checkpoints(model_dir)[1], {})
+        lines, step = self._resume(model_dir)
+        self.assertEqual(step, 120)
+        # The state file TensorFlow's manager rotates lists only checkpoints
+        # whose files are all there.
+        state = tf.train.get_checkpoint_state(model_dir)
+        for path in state.all_model_checkpoint_paths:
+          self.assertIsNone(checkpoints.damage(path), path)
+        damaged = os.path.join(model_dir, checkpoints.DAMAGED_DIR)
+        kept = ([f for d in os.listdir(damaged)
+                 for f in os.listdir(os.path.join(damaged, d))]
+                if os.path.isdir(damaged) else [])
+        if ".data-00000-of-00001" in deleted:
+          # A lone record is not a checkpoint: the next save removes it.
+          self.assertEqual(kept, [])
+          self.assertFalse(any(line.startswith("ckpt-40") for line in lines))
+        else:
+          # A checkpoint missing a file is set aside, named, never deleted.
+          self.assertEqual(sorted(kept), left)
+          self.assertIn("ckpt-40 is damaged: its .index file is missing",
+                        lines)
+        self.assertFalse(any(f.startswith("ckpt-40.")
+                             for f in os.listdir(model_dir)),
+                         os.listdir(model_dir))
+
   def test_optimisation_flags_take_effect_on_resume(self):
     model_dir = self._copy()
     self._resume(model_dir, learning_rate=0.003)

@@ -224,6 +224,14 @@ class DistributedTest(testing.ProcessTestCase):
         distribute.describe_failure(tf.errors.InternalError(
             None, None, "something broke\n  File x")),
         "training stopped: InternalError: something broke; ")
+    # A long first line keeps its start and its end, where a path names the
+    # file and the message says what went wrong.
+    path = "/tmp/" + "deep/" * 60 + "run/ckpt-40.index"
+    line = distribute.describe_failure(tf.errors.NotFoundError(
+        None, None, f"{path}; No such file or directory"))
+    self.assertStartsWith(line, "training stopped: NotFoundError: /tmp/deep/")
+    self.assertIn("/run/ckpt-40.index; No such file or directory; ", line)
+    self.assertLess(len(line), 400)
 
   def test_mirrored_resume_replays_the_input_exactly(self):
     # With 2 replicas tf.distribute's iterator cannot be checkpointed; the

@@ -155,6 +155,29 @@ class TimeToLevelsTest(absltest.TestCase):
                      ["Y", "X"])
 
 
+class MetricsFileTest(absltest.TestCase):
+
+  def test_a_line_cut_short_by_a_kill_costs_only_itself(self):
+    model_dir = self.create_tempdir().full_path
+    path = os.path.join(model_dir, metrics.METRICS_FILE)
+    first = {"step": 0, "start": True, "time": 1000.0}
+    window = {"step": 100, "loss": 1.0, "images_per_second": 50.0,
+              "time": 1010.0}
+    with open(path, "w") as f:
+      f.write(json.dumps(first) + "\n" + json.dumps(window) + "\n"
+              + '{"step": 200, "loss": 0.')  # Killed mid-write.
+    with metrics.MetricsWriter(model_dir) as writer:
+      writer.start(100, machine="Y")
+      writer.train({"step": 150, "loss": 0.5}, {})
+    records = metrics.read(model_dir)
+    self.assertEqual(records[:2], [first, window])
+    self.assertEqual([(r["step"], r.get("start")) for r in records[2:]],
+                     [(100, True), (150, None)])
+    # The writer does not mend a file that ends whole.
+    with open(path) as f:
+      self.assertEqual(f.read().count("\n"), 5)
+
+
 class TimeToTop1Test(absltest.TestCase):
 
   def test_evaluations_before_metrics_jsonl_come_from_the_event_files(self):

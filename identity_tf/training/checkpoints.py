@@ -105,14 +105,17 @@ def checkpoint_step(path):
 
 def checkpoint_prefixes(model_dir):
   """The checkpoints in MODEL_DIR, newest first: every ckpt-<step> that has
-  an index or a data file (one without the other is damaged)."""
+  an index or a data file (one without the other is damaged). A lone
+  `.sha256` record is not one: a kill between rotation and `prune_digests`
+  leaves it, and the next save removes it."""
   steps = {}
   pattern = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-*")
   for path in tf.io.gfile.glob(pattern):
     name = os.path.basename(path)
-    stem = name.split(".", 1)[0]
-    if "." not in name or not stem[len(CHECKPOINT_PREFIX) + 1:].isdigit():
-      continue  # ckpt-40_temp/ and the like: not a checkpoint.
+    stem, _, suffix = name.partition(".")
+    if not (stem[len(CHECKPOINT_PREFIX) + 1:].isdigit() and
+            (suffix == "index" or suffix.startswith("data-"))):
+      continue  # ckpt-40_temp/, ckpt-40.sha256 and the like.
     steps[int(stem[len(CHECKPOINT_PREFIX) + 1:])] = os.path.join(model_dir,
                                                                   stem)
   return [steps[step] for step in sorted(steps, reverse=True)]
@@ -144,13 +147,9 @@ def write_digest(prefix):
                      overwrite=True)
 
 
-def damage(prefix):
-  """Why checkpoint PREFIX cannot be restored (one line), or None if intact.
-
-  Checks that the index and every data shard are there, the recorded
-  SHA-256 of every file (`write_digest`) where there is one, and, with
-  TensorFlow's own reader, that every tensor reads back with its checksum.
-  """
+def _missing_file(prefix):
+  """Which file checkpoint PREFIX lacks (one line), or None: its index and
+  every data shard are there."""
   index = prefix + ".index"
   if not tf.io.gfile.exists(index):
     return "its .index file is missing"
@@ -160,6 +159,19 @@ def damage(prefix):
   shards = int(data[0].rsplit("-of-", 1)[1])
   if len(data) != shards:
     return f"{shards - len(data)} of its {shards} data shards are missing"
+  return None
+
+
+def damage(prefix):
+  """Why checkpoint PREFIX cannot be restored (one line), or None if intact.
+
+  Checks that the index and every data shard are there, the recorded
+  SHA-256 of every file (`write_digest`) where there is one, and, with
+  TensorFlow's own reader, that every tensor reads back with its checksum.
+  """
+  missing = _missing_file(prefix)
+  if missing:
+    return missing
   if tf.io.gfile.exists(prefix + ".sha256"):
     try:
       with tf.io.gfile.GFile(prefix + ".sha256") as f:
@@ -182,22 +194,28 @@ def damage(prefix):
   return None
 
 
-def intact_checkpoints(model_dir, echo=None):
+def intact_checkpoints(model_dir, echo=None, older_files=False):
   """([intact checkpoint prefixes, newest first], {damaged prefix: reason}).
 
-  Only the newest ones are checked until one is intact (older ones are
-  assumed as good as they were when training moved past them); ECHO
-  receives one line per damaged checkpoint.
+  Only the newest ones are checked (`damage`) until one is intact: older
+  ones are assumed as good as they were when training moved past them.
+  OLDER_FILES: also check that each older one has all its files
+  (`_missing_file`), for the training that holds the directory -- rotation
+  deletes a checkpoint's index before its data, and a kill in between
+  leaves half of one; a reader beside a running training would see rotation
+  mid-way. ECHO receives one line per damaged checkpoint.
   """
   intact, damaged = [], {}
   for prefix in checkpoint_prefixes(model_dir):
     if not intact:
       reason = damage(prefix)
-      if reason:
-        damaged[prefix] = reason
-        if echo:
-          echo(f"{os.path.basename(prefix)} is damaged: {reason}")
-        continue
+    else:
+      reason = _missing_file(prefix) if older_files else None
+    if reason:
+      damaged[prefix] = reason
+      if echo:
+        echo(f"{os.path.basename(prefix)} is damaged: {reason}")
+      continue
     intact.append(prefix)
   return intact, damaged
 
@@ -234,10 +252,12 @@ def remove_checkpoint(model_dir, step):
 
 
 def prune_digests(model_dir):
-  """Removes the .sha256 records of checkpoints that rotation deleted."""
+  """Removes the .sha256 records (and a kill's .sha256.tmp) of checkpoints
+  that rotation deleted."""
   for path in tf.io.gfile.glob(os.path.join(model_dir,
-                                            f"{CHECKPOINT_PREFIX}-*.sha256")):
-    if not tf.io.gfile.exists(path[:-len(".sha256")] + ".index"):
+                                            f"{CHECKPOINT_PREFIX}-*.sha256*")):
+    prefix = path.split(".sha256", 1)[0]
+    if not tf.io.gfile.exists(prefix + ".index"):
       tf.io.gfile.remove(path)
 
 
@@ -276,7 +296,7 @@ def resume_point(model_dir, chief=True, echo=None):
   checkpoints but none is intact: training does not start again from step
   0 over them.
   """
-  intact, damaged = intact_checkpoints(model_dir)
+  intact, damaged = intact_checkpoints(model_dir, older_files=True)
   if damaged and not intact:  # Named in the error, once.
     raise ValueError(
         f"--model_dir={model_dir} holds checkpoints but none is intact ("

@@ -207,7 +207,11 @@ def describe_failure(error):
   lines = [line.strip() for line in text.splitlines() if line.strip()]
   what = cause.group(1) if cause else (lines[0] if lines else "")
   where = f" (from {peer.group(1)} {peer.group(2)})" if peer else ""
-  return (f"training stopped: {type(error).__name__}: {what[:200]}"
+  if len(what) > 200:
+    # The middle goes: a path's end names the file, a message's end often
+    # says what was wrong with it.
+    what = f"{what[:90]} ... {what[-105:]}"
+  return (f"training stopped: {type(error).__name__}: {what}"
           f"{where}; if a worker of the cluster stopped, run the same "
           "command on every worker to resume from the latest checkpoint")
 

@@ -40,6 +40,7 @@ class MetricsWriter:
     self._path = os.path.join(model_dir, METRICS_FILE)
     self._writers = {}
     self._model_dir = model_dir
+    self._appended = False
 
   def _writer(self, kind):
     if kind not in self._writers:
@@ -70,8 +71,15 @@ class MetricsWriter:
                     **({"machine": machine} if machine else {})})
 
   def _append(self, record):
+    line = json.dumps({**record, "time": round(time.time(), 3)}) + "\n"
+    if not self._appended and _cut_short(self._path):
+      # A kill cut the last line short: this one starts on a line of its
+      # own, or `read` would drop it with the piece before it (and a lost
+      # "start" record would count the time between sessions as training).
+      line = "\n" + line
+    self._appended = True
     with tf.io.gfile.GFile(self._path, "a") as f:
-      f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+      f.write(line)
 
   def train(self, record, scalars):
     """RECORD (a progress line's object, with "step") of a window of
@@ -97,6 +105,18 @@ class MetricsWriter:
 
   def __exit__(self, *exc):
     self.close()
+
+
+def _cut_short(path):
+  """Whether PATH exists and does not end with a newline."""
+  if not tf.io.gfile.exists(path):
+    return False
+  size = tf.io.gfile.stat(path).length
+  if not size:
+    return False
+  with tf.io.gfile.GFile(path, "rb") as f:
+    f.seek(size - 1)
+    return f.read(1) != b"\n"
 
 
 def round_value(value, digits=4):
