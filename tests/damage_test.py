@@ -158,6 +158,21 @@ class DamageTest(testing.SharedRootTestCase):
     self.assertRegex(testing.last_stderr_line(result),
                      r"^error: no intact checkpoint in --model_dir=.*ckpt-120")
 
+  def test_records_without_their_checkpoints_are_refused(self):
+    # Every checkpoint file gone, their .sha256 records left: what a hand,
+    # not a kill, does (rotation always keeps a newer checkpoint).
+    model_dir = self._copy()
+    for name in os.listdir(model_dir):
+      if name.startswith("ckpt-") and not name.endswith(".sha256"):
+        os.remove(os.path.join(model_dir, name))
+    before = testing.snapshot(model_dir)
+    with self.assertRaisesRegex(
+        ValueError, r"holds the SHA-256 records of checkpoints \(ckpt-120"
+        r"\.sha256, ckpt-80\.sha256, ckpt-40\.sha256\) but none of their "
+        r"files; nothing was changed"):
+      trainer.train(CONFIG, model_dir, echo=lambda line: None)
+    self.assertEqual(testing.snapshot(model_dir), before)
+
   def test_half_written_saves_are_cleaned_up(self):
     model_dir = self._copy()
     os.makedirs(os.path.join(model_dir, "ckpt-160_temp", "part-00000"))

@@ -293,10 +293,25 @@ def resume_point(model_dir, chief=True, echo=None):
 
   The chief moves damaged checkpoints aside and rewrites the state file to
   list the intact ones; ValueError (nothing changed) if there are
-  checkpoints but none is intact: training does not start again from step
-  0 over them.
+  checkpoints but none is intact, or only their .sha256 records are left:
+  training does not start again from step 0 over them.
   """
   intact, damaged = intact_checkpoints(model_dir, older_files=True)
+  records = {}
+  for path in tf.io.gfile.glob(os.path.join(model_dir,
+                                            f"{CHECKPOINT_PREFIX}-*.sha256")):
+    step = os.path.basename(path)[len(CHECKPOINT_PREFIX) + 1:-len(".sha256")]
+    if step.isdigit():
+      records[int(step)] = os.path.basename(path)
+  if records and not intact and not damaged:
+    # Only rotation leaves a record without its checkpoint, and never
+    # without a newer checkpoint: every file of every checkpoint is gone.
+    raise ValueError(
+        f"--model_dir={model_dir} holds the SHA-256 records of checkpoints ("
+        + ", ".join(records[step] for step in sorted(records, reverse=True))
+        + ") but none of their files; nothing was changed: restore them from "
+        "a copy, or use a new --model_dir (training does not start again "
+        "from step 0 over them)")
   if damaged and not intact:  # Named in the error, once.
     raise ValueError(
         f"--model_dir={model_dir} holds checkpoints but none is intact ("
