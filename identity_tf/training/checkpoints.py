@@ -103,22 +103,33 @@ def checkpoint_step(path):
   return int(os.path.basename(path).rsplit("-", 1)[1])
 
 
+def _files_by_step(model_dir):
+  """{step: suffixes} of the `ckpt-<step>.<suffix>` files in MODEL_DIR
+  (index, data-*, sha256, sha256.tmp); ckpt-40_temp/ and the like are left
+  out. The one place that reads checkpoint names off the directory."""
+  files = {}
+  for path in tf.io.gfile.glob(os.path.join(model_dir,
+                                            f"{CHECKPOINT_PREFIX}-*")):
+    stem, _, suffix = os.path.basename(path).partition(".")
+    step = stem[len(CHECKPOINT_PREFIX) + 1:]
+    if step.isdigit() and suffix:
+      files.setdefault(int(step), []).append(suffix)
+  return files
+
+
+def _prefix(model_dir, step):
+  return os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-{step}")
+
+
 def checkpoint_prefixes(model_dir):
   """The checkpoints in MODEL_DIR, newest first: every ckpt-<step> that has
   an index or a data file (one without the other is damaged). A lone
   `.sha256` record is not one: a kill between rotation and `prune_digests`
   leaves it, and the next save removes it."""
-  steps = {}
-  pattern = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-*")
-  for path in tf.io.gfile.glob(pattern):
-    name = os.path.basename(path)
-    stem, _, suffix = name.partition(".")
-    if not (stem[len(CHECKPOINT_PREFIX) + 1:].isdigit() and
-            (suffix == "index" or suffix.startswith("data-"))):
-      continue  # ckpt-40_temp/, ckpt-40.sha256 and the like.
-    steps[int(stem[len(CHECKPOINT_PREFIX) + 1:])] = os.path.join(model_dir,
-                                                                  stem)
-  return [steps[step] for step in sorted(steps, reverse=True)]
+  files = _files_by_step(model_dir)
+  return [_prefix(model_dir, step) for step in sorted(files, reverse=True)
+          if any(suffix == "index" or suffix.startswith("data-")
+                 for suffix in files[step])]
 
 
 def _files(prefix):
@@ -242,7 +253,7 @@ def quarantine(model_dir, damaged):
 
 def remove_checkpoint(model_dir, step):
   """Removes every file of checkpoint STEP in MODEL_DIR (a failed save)."""
-  prefix = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-{step}")
+  prefix = _prefix(model_dir, step)
   for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(
       prefix + "_temp*"):
     if tf.io.gfile.isdir(path):
@@ -254,11 +265,11 @@ def remove_checkpoint(model_dir, step):
 def prune_digests(model_dir):
   """Removes the .sha256 records (and a kill's .sha256.tmp) of checkpoints
   that rotation deleted."""
-  for path in tf.io.gfile.glob(os.path.join(model_dir,
-                                            f"{CHECKPOINT_PREFIX}-*.sha256*")):
-    prefix = path.split(".sha256", 1)[0]
-    if not tf.io.gfile.exists(prefix + ".index"):
-      tf.io.gfile.remove(path)
+  for step, suffixes in _files_by_step(model_dir).items():
+    if "index" not in suffixes:
+      for suffix in suffixes:
+        if suffix.startswith("sha256"):
+          tf.io.gfile.remove(f"{_prefix(model_dir, step)}.{suffix}")
 
 
 def record_checkpoints(model_dir, intact):
@@ -297,18 +308,14 @@ def resume_point(model_dir, chief=True, echo=None):
   training does not start again from step 0 over them.
   """
   intact, damaged = intact_checkpoints(model_dir, older_files=True)
-  records = {}
-  for path in tf.io.gfile.glob(os.path.join(model_dir,
-                                            f"{CHECKPOINT_PREFIX}-*.sha256")):
-    step = os.path.basename(path)[len(CHECKPOINT_PREFIX) + 1:-len(".sha256")]
-    if step.isdigit():
-      records[int(step)] = os.path.basename(path)
+  records = sorted((step for step, suffixes in _files_by_step(model_dir).items()
+                    if "sha256" in suffixes), reverse=True)
   if records and not intact and not damaged:
     # Only rotation leaves a record without its checkpoint, and never
     # without a newer checkpoint: every file of every checkpoint is gone.
     raise ValueError(
         f"--model_dir={model_dir} holds the SHA-256 records of checkpoints ("
-        + ", ".join(records[step] for step in sorted(records, reverse=True))
+        + ", ".join(f"{CHECKPOINT_PREFIX}-{step}.sha256" for step in records)
         + ") but none of their files; nothing was changed: restore them from "
         "a copy, or use a new --model_dir (training does not start again "
         "from step 0 over them)")
@@ -387,7 +394,7 @@ def find_checkpoint(model_dir, checkpoint=None, echo=None):
     return intact[0]
   checkpoint = str(checkpoint)
   if checkpoint.isdigit():
-    checkpoint = os.path.join(model_dir, f"{CHECKPOINT_PREFIX}-{checkpoint}")
+    checkpoint = _prefix(model_dir, checkpoint)
   elif not os.path.isabs(checkpoint) and "://" not in checkpoint and not (
       tf.io.gfile.exists(checkpoint + ".index")):
     checkpoint = os.path.join(model_dir, checkpoint)
