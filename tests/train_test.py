@@ -560,6 +560,15 @@ class InterruptionTest(testing.ProcessTestCase):
     self.assertEqual(calls[0], 1)
     self.assertBetween(max(calls), 2, 10)
     self.assertBetween(stopped_at, 41, 50)
+    # No progress line came (log_steps is the run's length): the session's
+    # training time, at least the steps' sleeps, is counted to the stop
+    # record, since the next session resumes after those steps.
+    records = metrics.read(model_dir)
+    self.assertEqual([(r["step"], r.get("start"), r.get("stopped"))
+                      for r in records],
+                     [(0, True, None), (stopped_at, None, "SIGTERM")])
+    self.assertGreaterEqual(metrics.wall_seconds(records),
+                            0.02 * stopped_at)
 
   def test_a_stop_on_an_evaluation_step_evaluates_on_resuming(self):
     # SIGTERM during the steps up to an evaluation step stops there with a

@@ -70,6 +70,15 @@ class MetricsWriter:
       self._append({"step": step, "start": True,
                     **({"machine": machine} if machine else {})})
 
+  def stopped(self, step, signal_name):
+    """Marks the end of a session stopped by SIGNAL_NAME (SIGTERM, SIGINT)
+    at STEP, after its checkpoint, in metrics.jsonl (not a metric either).
+    The next session resumes from that step: without this record the time
+    since the session's last progress line -- steps kept, never redone --
+    would be missing from the run's wall time."""
+    if self._enabled:
+      self._append({"step": step, "stopped": signal_name})
+
   def _append(self, record):
     line = json.dumps({**record, "time": round(time.time(), 3)}) + "\n"
     if not self._appended and _cut_short(self._path):
@@ -168,7 +177,8 @@ def _training_time(records):
 
 def wall_seconds(records):
   """The wall time of training RECORDS span: each session up to its last
-  record (a session cut short by a kill counts up to its last), summed."""
+  record (a stop on SIGTERM writes one; a session cut short by a kill counts
+  up to its last progress line or evaluation), summed."""
   elapsed = [t for _, t in _training_time(records) if t is not None]
   return max(elapsed) if elapsed else 0.0
 

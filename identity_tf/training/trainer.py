@@ -378,7 +378,11 @@ def _train(trainer, echo):
                              enabled=trainer.chief) as writer:
     writer.start(trainer.step, machine=distribute.machine())
     with preemption.Preemption(trainer.strategy, trainer.manager) as stop:
-      result = _loop(trainer, writer, stop, echo)
+      try:
+        result = _loop(trainer, writer, stop, echo)
+      except preemption.PreemptedError:
+        writer.stopped(trainer.step, stop.signal)
+        raise
   trainer.finish()
   return result
 
