@@ -10,16 +10,23 @@ before TensorFlow loads.
 import dataclasses
 
 # The values of the networks' options (see `layers` for what they mean).
-HEADS = ("frozen", "trainable")
+# The final layer (`model.build_model`): the paper's random projection,
+# frozen or trained, or a trained dense classifier with bias drawn as Fixup
+# ("zero") or NF-ResNet ("normal": N(0, 0.01^2)) draw theirs.
+HEADS = ("frozen", "trainable", "zero", "normal")
 INIT_SCHEMES = ("paper", "standard")
 # How a residual unit's branch is parametrised (`layers.ConvResidualUnit`):
 #   plain     x + C2(ReLU(C1 x)), the paper's unit;
 #   skipinit  x + a C2(ReLU(C1 x)) with a trainable scalar a = 0 at init
 #             (SkipInit, De & Smith 2020; ReZero, Bachlechner et al. 2020);
+#   gain      x + g C2(ReLU(C1 x)) with a trainable scalar g = 1 at init
+#             (the branch starts as small as the paper's init makes it);
 #   fixup     Fixup (Zhang, Dauphin & Ma 2019): scalar biases and a scalar
 #             multiplier in the branch, C2 = 0 and C1 He-initialised scaled
 #             by L^(-1/2) for L branches.
-RESIDUALS = ("plain", "skipinit", "fixup")
+# These parametrise the paper's unit; the methods' own networks are the
+# PEERS below.
+RESIDUALS = ("plain", "skipinit", "gain", "fixup")
 # The scale of `layers.RandomProjection`'s entries: N(0, 1/classes) (the
 # norm of the features is kept) or N(0, 1/d) (each logit has the variance of
 # one feature, the 2016 resnet's unit-scaling initialiser for its last
@@ -51,7 +58,14 @@ MODELS = {
     "imagenet": (IMAGENET, dict(classes=1000)),
     "resnet_bn": (CIFAR, dict(classes=10, norm=True, head="trainable",
                               init="standard")),
+    # The normalisation-free methods' own networks at Table 1's widths and
+    # depths (`identity_tf.peers`); each draws its weights as its authors
+    # do, so `init`, `residual` and `projection_scale` do not apply.
+    "fixup": (CIFAR, dict(classes=10, head="zero")),
+    "skipinit": (CIFAR, dict(classes=10, head="normal")),
+    "nf_resnet": (CIFAR, dict(classes=10, head="normal")),
 }
+PEERS = ("fixup", "skipinit", "nf_resnet")
 DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
                 init="paper", seed=0, image_size=None, use_bias=False,
                 residual="plain", projection_scale="classes")
@@ -119,6 +133,10 @@ def resolve_options(name, **options):
          f"residual={opts['residual']!r} is a normalisation-free "
          "parametrisation of the identity unit; it does not combine with "
          "norm=True (the batch-norm baseline's units)")
+  _check(name not in PEERS or (opts["residual"] == "plain"
+                               and not opts["norm"]),
+         f"model {name} is its authors' network: it takes neither "
+         "residual= nor norm= (they change the paper's unit)")
   _check(opts["projection_scale"] in PROJECTION_SCALES,
          f"unknown projection_scale {opts['projection_scale']!r}; valid: "
          f"{', '.join(PROJECTION_SCALES)}")
@@ -126,3 +144,21 @@ def resolve_options(name, **options):
   _check(opts["image_size"] >= 8,
          f"image_size must be at least 8, got {opts['image_size']}")
   return arch, opts
+
+
+def scaled_channels(channels, width):
+  """CHANNELS times the width multiplier, rounded, at least 1."""
+  return max(1, int(round(channels * width)))
+
+
+def unit_plan(arch, opts):
+  """The residual units of a network, in order: (name, channels, stride,
+  index within its stage) per unit, at opts' width and units per stage."""
+  plan = []
+  for stage, (width, units, stride) in enumerate(
+      zip(arch.widths, opts["units"], arch.strides)):
+    for unit in range(units):
+      plan.append((f"stage{stage + 1}_unit{unit + 1}",
+                   scaled_channels(width, opts["width"]),
+                   stride if unit == 0 else 1, unit))
+  return plan

@@ -32,12 +32,14 @@ from identity_tf import architectures
 
 # Names of the learning-rate schedules (`optimization.learning_rate_schedule`)
 # and of the strategies (`distribute.create_strategy`).
-SCHEDULES = ("piecewise", "exponential", "constant")
+SCHEDULES = ("piecewise", "exponential", "cosine", "constant")
 STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu",
               "parameter_server")
 # Keras dtype policies: the weights stay float32 in all three.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 MODELS = tuple(sorted(architectures.MODELS))
+# Which trainable weights weight decay decays (`optimization.decayed_weights`).
+WEIGHT_DECAY_SCOPES = ("convolutions", "kernels", "all")
 
 # The fields that define the network and its input; a model_dir holds one
 # such network, so resuming with different values is refused.
@@ -78,16 +80,22 @@ class Config:
   init: str = _field(None, f"Initialisation: "
                      f"{_names(architectures.INIT_SCHEMES)} (paper: std "
                      "1/(k^2 c); default: the model's).")
-  head: str = _field(None, f"Final projection: "
-                     f"{_names(architectures.HEADS)} (default: the model's).")
+  head: str = _field(None, f"Final layer: {_names(architectures.HEADS)} "
+                     "(frozen: the paper's random projection; trainable: "
+                     "the same, trained; zero: a trained dense layer with "
+                     "bias, zero at initialisation (Fixup's); normal: the "
+                     "same drawn from N(0, 0.01^2) (NF-ResNet's); default: "
+                     "the model's).")
   norm: bool = _field(None, "Batch-norm pre-activation units (default: the "
                       "model's).")
   use_bias: bool = _field(False, "Biases in the convolutions.")
   seed: int = _field(0, "Seeds the initial weights, the projection and the "
                      "data order.")
-  residual: str = _field(None, f"Residual branch: "
-                         f"{_names(architectures.RESIDUALS)} (SkipInit's zero "
-                         "gain, Fixup; default plain).")
+  residual: str = _field(None, f"Residual branch of the paper's unit: "
+                         f"{_names(architectures.RESIDUALS)} (skipinit: a "
+                         "trained scalar gain from 0; gain: from 1; fixup: "
+                         "Fixup's scalars and initialisation; default "
+                         "plain).")
   projection_scale: str = _field(
       None, "Variance of the random projection's entries: classes "
       "(1/classes, the default) or features (1/d).")
@@ -115,8 +123,20 @@ class Config:
                                   "per period (exponential).")
   lr_decay_epochs: float = _field(2.0, "exponential: decay period in epochs.")
   momentum: float = _field(0.9, "SGD momentum.")
-  weight_decay: float = _field(1e-4, "L2 weight decay of the convolution "
-                               "kernels.")
+  nesterov: bool = _field(False, "Nesterov's momentum.")
+  weight_decay: float = _field(1e-4, "L2 weight decay (of the weights "
+                               "--weight_decay_scope names).")
+  weight_decay_scope: str = _field(
+      "convolutions", f"Weights decayed: {_names(WEIGHT_DECAY_SCOPES)} "
+      "(convolutions: the paper's; kernels: every kernel, the classifier's "
+      "too, no bias or gain (NFNets); all: every trained weight (Fixup's "
+      "code)).")
+  bias_lr_factor: float = _field(
+      1.0, "Learning-rate factor of the biases and scalar weights (Fixup's "
+      "authors train them at 0.1).")
+  label_smoothing: float = _field(
+      0.0, "Label smoothing of the training loss (0: off); evaluations "
+      "report the plain cross-entropy.")
   # Stabilisers, all off (0) in the paper's text: linear warm-up of the
   # learning rate over the first steps, clipping of the global gradient norm
   # (Pascanu et al., 2013), adaptive gradient clipping (Brock et al., 2021).
@@ -124,8 +144,11 @@ class Config:
                              "N steps (0: off).")
   grad_clip_norm: float = _field(0.0, "Clip the global gradient norm to this "
                                  "(0: off).")
+  grad_clip_steps: int = _field(0, "Clip the global gradient norm during "
+                                "the first N steps only (0: throughout).")
   agc_clip: float = _field(0.0, "Adaptive gradient clipping threshold lambda "
-                           "(NFNets; 0: off).")
+                           "(NFNets' unit-wise rule, the final layer "
+                           "unclipped; 0: off).")
   # Bookkeeping.
   checkpoint_steps: int = _field(1000, "Write a checkpoint every N steps.")
   keep_checkpoints: int = _field(5, "Keep the last N checkpoints.")
@@ -140,6 +163,10 @@ class Config:
   eval_at_end: bool = _field(True, "Evaluate on the evaluation split when "
                              "training ends.")
   eval_batch_size: int = _field(500, "Batch size of the evaluation.")
+  eval_train_at_end: bool = _field(
+      False, "At the end, also evaluate on the whole training split (no "
+      "augmentation): the training loss and top-1 that tell an "
+      "optimisation gap from a generalisation gap.")
   # Distribution and reproducibility.
   strategy: str = _field("default", f"tf.distribute strategy: "
                          f"{_names(STRATEGIES)}.")
@@ -190,6 +217,48 @@ _IMAGENET_LITERAL = Config(
 # scalar of the optimiser. Every other value is the paper's.
 STABILISER = dict(grad_clip_norm=1.0)
 
+# The normalisation-free methods that came after the paper, each in its own
+# authors' recipe on Table 1's widths and depths (the networks:
+# `identity_tf.peers`). CIFAR-10's epoch is 391 steps of 128.
+_CIFAR_EPOCH = 391
+
+# Zhang, Dauphin & Ma (2019), "Fixup initialization", and the authors' CIFAR
+# code (hongyi-zhang/Fixup, cifar/cifar_train.py): SGD with momentum 0.9 at
+# 0.1 for a batch of 128, divided by 10 at epochs 100 and 150 of 200; the
+# scalar biases and multipliers at a tenth of the rate; PyTorch's weight
+# decay 1e-4 on every parameter; no clipping. Their default mixup (alpha 1)
+# is a regulariser for that 200-epoch budget; it is left out.
+_FIXUP = Config(
+    preset="fixup_cifar", model="fixup", dataset="cifar10", batch_size=128,
+    learning_rate=0.1, lr_schedule="piecewise",
+    lr_boundaries=(100 * _CIFAR_EPOCH, 150 * _CIFAR_EPOCH),
+    lr_decay_factor=0.1, momentum=0.9, weight_decay=1e-4,
+    weight_decay_scope="all", bias_lr_factor=0.1,
+    train_steps=200 * _CIFAR_EPOCH, checkpoint_steps=1000)
+
+# De & Smith (2020), "Batch normalization biases residual blocks towards the
+# identity function in deep networks": SkipInit replaces batch norm in a
+# network trained as before, so it takes the batch-norm baseline's recipe
+# (the paper's, unclipped).
+_SKIPINIT = dataclasses.replace(
+    _CIFAR10_LITERAL, preset="skipinit_cifar", model="skipinit")
+
+# Brock, De & Smith (2021), "Characterizing signal propagation to close the
+# performance gap in unnormalized ResNets", Section 5 and Appendix: SGD with
+# Nesterov momentum 0.9, learning rate 0.1 per 256 examples, cosine decay
+# after a 5-epoch linear warm-up, 90 epochs, weight decay 5e-5 on the
+# weights but not the gains and biases; with adaptive gradient clipping as
+# NFNets define it (Brock et al., 2021b), its lambda chosen for a batch of
+# 128 by the `nf_agc` study (docs/results.md).
+NF_RESNET_AGC = 0.04
+_NF_RESNET = Config(
+    preset="nf_resnet_cifar", model="nf_resnet", dataset="cifar10",
+    batch_size=128, learning_rate=0.05, lr_schedule="cosine",
+    lr_boundaries=(), warmup_steps=5 * _CIFAR_EPOCH, momentum=0.9,
+    nesterov=True, weight_decay=5e-5, weight_decay_scope="kernels",
+    agc_clip=NF_RESNET_AGC, train_steps=90 * _CIFAR_EPOCH,
+    checkpoint_steps=1000)
+
 PRESETS = {
     "cifar10_paper": dataclasses.replace(
         _CIFAR10_LITERAL, preset="cifar10_paper", **STABILISER),
@@ -213,6 +282,9 @@ PRESETS = {
         weight_decay=1e-4, train_steps=500, checkpoint_steps=100,
         log_steps=50, steps_per_loop=50, keep_checkpoints=3,
         eval_batch_size=500, num_eval_examples=None),
+    "fixup_cifar": _FIXUP,
+    "skipinit_cifar": _SKIPINIT,
+    "nf_resnet_cifar": _NF_RESNET,
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -245,6 +317,8 @@ _LITERAL = "cifar10_paper_literal"
 # arm stays what cifar10_paper adds to the literal recipe.
 _CLIP = tuple(STABILISER.items())
 _WARMUP = (("warmup_steps", 1000),)
+_COSINE = (("lr_schedule", "cosine"), ("lr_boundaries", ()),
+           ("nesterov", True))
 
 STUDIES = {
     # Why the paper's recipe diverges on real images and what stops it
@@ -261,16 +335,21 @@ STUDIES = {
                 seeds=(0, 1, 2),
                 description="global gradient norm clipped to 1: the "
                             "cifar10_paper preset"),
-            Arm("agc", _LITERAL, (("agc_clip", 0.01),),
+            # The next three are adaptations to the paper's network and
+            # recipe (its frozen projection, rate and initialisation), not
+            # the methods as their authors ran them: those are the
+            # `normfree` study's arms.
+            Arm("literal+agc", _LITERAL, (("agc_clip", 0.01),),
                 description="adaptive gradient clipping, lambda = 0.01"),
             Arm("warmup", _LITERAL, _WARMUP,
                 description="linear warm-up over 1000 steps"),
             Arm("projection_1/d", _LITERAL,
                 (("projection_scale", "features"),),
                 description="projection entries N(0, 1/d)"),
-            Arm("skipinit", _LITERAL, (("residual", "skipinit"),),
+            Arm("literal+skipinit_gain", _LITERAL,
+                (("residual", "skipinit"),),
                 description="a zero-initialised gain on every branch"),
-            Arm("fixup", _LITERAL, (("residual", "fixup"),),
+            Arm("literal+fixup_scalars", _LITERAL, (("residual", "fixup"),),
                 description="Fixup's initialisation, scalar biases and "
                             "multipliers"),
             # A bound of 1 stays active after the early growth of the
@@ -316,6 +395,78 @@ STUDIES = {
             Arm("resnet_bn_bf16", _LITERAL,
                 (("model", "resnet_bn"), ("precision", "mixed_bfloat16")),
                 seeds=(0, 1, 2), description="batch norm, mixed_bfloat16"),
+        )),
+    # Whether identity-parametrised networks can do without batch norm:
+    # the peers in their own recipes, the paper's network and the best
+    # configuration of it found by the `gap` study, and batch norm.
+    "normfree": Study(
+        "normfree",
+        "The normalisation-free methods in their authors' recipes, the "
+        "paper's network (clipped) and batch norm, on Table 1's widths and "
+        "depths, under one budget and augmentation.",
+        arms=(
+            Arm("fixup", "fixup_cifar", seeds=(0, 1, 2),
+                description="Fixup (Zhang et al., 2019), its authors' CIFAR "
+                            "recipe"),
+            Arm("skipinit", "skipinit_cifar",
+                description="SkipInit (De & Smith, 2020): batch norm's "
+                            "recipe, a zero gain per branch"),
+            Arm("nf_resnet", "nf_resnet_cifar", seeds=(0, 1, 2),
+                description="NF-ResNet (Brock et al., 2021) with AGC"),
+            Arm("paper", "cifar10_paper", seeds=(0, 1, 2),
+                description="the paper's network, clipped (cifar10_paper)"),
+            Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
+                seeds=(0, 1, 2),
+                description="the batch-norm baseline, the paper's recipe"),
+        )),
+    # AGC's threshold for NF-ResNet at a batch of 128 (NFNets chose 0.01 at
+    # 4096 and say smaller batches tolerate larger thresholds).
+    "nf_agc": Study(
+        "nf_agc",
+        "NF-ResNet's recipe with AGC's lambda from 0.01 to 0.32, and "
+        "without AGC.",
+        arms=tuple(
+            Arm(f"lambda_{value:g}", "nf_resnet_cifar",
+                (("agc_clip", value),),
+                description=f"AGC, lambda = {value:g}" if value else
+                            "no clipping")
+            for value in (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.0))),
+    # What makes the paper's network -- its unit and frozen projection kept
+    # -- optimise as well as batch norm: each candidate alone on top of
+    # cifar10_paper, and the changes of the recipe on both networks.
+    "gap": Study(
+        "gap",
+        "Candidates that keep the paper's unit and frozen projection, each "
+        "on top of cifar10_paper; recipe changes on both networks.",
+        arms=(
+            Arm("paper", "cifar10_paper",
+                description="cifar10_paper: the global norm clipped to 1"),
+            Arm("agc_0.04", _LITERAL, (("agc_clip", 0.04),),
+                description="unit-wise AGC (lambda 0.04) instead of the "
+                            "global clip"),
+            Arm("agc_0.16", _LITERAL, (("agc_clip", 0.16),),
+                description="unit-wise AGC (lambda 0.16) instead of the "
+                            "global clip"),
+            Arm("gain", "cifar10_paper", (("residual", "gain"),),
+                description="a trained scalar gain from 1 on every branch"),
+            Arm("clip_first_epoch", _LITERAL, _CLIP + (
+                ("grad_clip_steps", 469),),
+                description="clipped during the first epoch only"),
+            Arm("lr_0.1", "cifar10_paper", (("learning_rate", 0.1),),
+                description="clipped, at twice the rate"),
+            Arm("nesterov_cosine", "cifar10_paper", _COSINE,
+                description="clipped, Nesterov momentum, cosine decay"),
+            Arm("resnet_bn_cosine", _LITERAL, (("model", "resnet_bn"),)
+                + _COSINE,
+                description="batch norm, Nesterov momentum, cosine decay"),
+            Arm("label_smoothing", "cifar10_paper",
+                (("label_smoothing", 0.1),),
+                description="clipped, labels smoothed by 0.1"),
+            Arm("resnet_bn_label_smoothing", _LITERAL,
+                (("model", "resnet_bn"), ("label_smoothing", 0.1)),
+                description="batch norm, labels smoothed by 0.1"),
+            Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
+                description="the batch-norm baseline, the paper's recipe"),
         )),
     # Minutes on two cores (synthetic data): to try the binary.
     "smoke": Study(
@@ -368,6 +519,7 @@ def validate(config):
       seed=config.seed, residual=config.residual,
       projection_scale=config.projection_scale)
   one_of("lr_schedule", SCHEDULES)
+  one_of("weight_decay_scope", WEIGHT_DECAY_SCOPES)
   one_of("strategy", STRATEGIES)
   one_of("precision", PRECISIONS)
   # Which datasets exist is TFDS's to say (when the run starts); here only
@@ -380,13 +532,20 @@ def validate(config):
   for name in ("batch_size", "train_steps", "learning_rate",
                "checkpoint_steps", "keep_checkpoints", "log_steps",
                "steps_per_loop", "eval_batch_size", "lr_decay_factor",
-               "lr_decay_epochs"):
+               "lr_decay_epochs", "bias_lr_factor"):
     _positive(config, name)
   for name in ("num_train_examples", "num_eval_examples"):
     if getattr(config, name) is not None:
       _positive(config, name)
-  for name in ("warmup_steps", "grad_clip_norm", "agc_clip", "eval_steps"):
+  for name in ("warmup_steps", "grad_clip_norm", "grad_clip_steps",
+               "agc_clip", "eval_steps"):
     _non_negative(config, name)
+  if not 0 <= config.label_smoothing < 1:
+    raise ValueError(f"--label_smoothing must be in [0, 1), got "
+                     f"{config.label_smoothing}")
+  if config.warmup_steps >= config.train_steps:
+    raise ValueError(f"--warmup_steps={config.warmup_steps} must be below "
+                     f"--train_steps={config.train_steps}: lower it")
   if not 0 <= config.momentum < 1:
     raise ValueError(f"--momentum must be in [0, 1), got {config.momentum}")
   _non_negative(config, "weight_decay")

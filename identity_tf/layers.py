@@ -154,6 +154,8 @@ class ConvResidualUnit(_ConvUnitBase):
 
   * "skipinit": S(x) + a C2(ReLU(C1 x)), a scalar `branch_gain` a = 0 at
     initialisation and trained (De & Smith, 2020, Section 4; ReZero).
+  * "gain": the same with a = 1 at initialisation: the branch starts as
+    small as the initialisation makes it, and one scalar can rescale it.
   * "fixup": S(x + b1) + s C2(ReLU(C1(x + b1) + b2) + b3) + b4 with trained
     scalars b1..b4 = 0 and s = 1 (Zhang, Dauphin & Ma, 2019, Section 3,
     rule 3), C2 = 0 and C1 drawn from He et al.'s N(0, 2/fan_in) scaled by
@@ -196,9 +198,10 @@ class ConvResidualUnit(_ConvUnitBase):
     else:
       self.conv1 = self._conv(self.strides, 0, "conv1")
       self.conv2 = self._conv(1, 1, "conv2")
-    if self.residual == "skipinit":
+    if self.residual in ("skipinit", "gain"):
       self.branch_gain = self.add_weight(
-          name="branch_gain", shape=(), initializer="zeros", trainable=True)
+          name="branch_gain", shape=(), trainable=True,
+          initializer="zeros" if self.residual == "skipinit" else "ones")
     self.conv1.build(input_shape)
     self.conv2.build(self.conv1.compute_output_shape(input_shape))
 
@@ -216,7 +219,7 @@ class ConvResidualUnit(_ConvUnitBase):
       return shortcut(shifted if changes_shape else x, self.filters,
                       self.strides) + ops.cast(branch, x.dtype)
     branch = self.conv2(ops.relu(self.conv1(x)))
-    if self.residual == "skipinit":
+    if self.residual in ("skipinit", "gain"):
       branch = branch * ops.cast(self.branch_gain, branch.dtype)
     return shortcut(x, self.filters, self.strides) + ops.cast(branch, x.dtype)
 

@@ -14,26 +14,35 @@ images to logits. Names:
 * `resnet_bn` -- the baseline the paper compares against: the CIFAR widths and
   depth with batch norm and the pre-activation unit of the 2016 resnet, the
   standard initialisation and a trained linear head.
+* `fixup`, `skipinit`, `nf_resnet` -- the normalisation-free methods that
+  came after the paper, each as its authors build it, at Table 1's widths
+  and depths (`identity_tf.peers`).
 
 No network here normalises anything unless `norm=True` (`resnet_bn`).
 """
 
 import contextlib
+import functools
 import math
 
 import keras
 
 from identity_tf import architectures
 from identity_tf import layers
+from identity_tf.peers import fixup
+from identity_tf.peers import nf_resnet
+from identity_tf.peers import skipinit
 
 # The architectures and their options: TF-free, so that configurations and
 # flags are checked before TensorFlow loads.
 MODELS = architectures.MODELS
 resolve_options = architectures.resolve_options
+# The normalisation-free methods' own networks (`identity_tf.peers`).
+PEER_NETWORKS = {"fixup": fixup.build, "skipinit": skipinit.build,
+                 "nf_resnet": nf_resnet.build}
 
 
-def _scaled(channels, width):
-  return max(1, int(round(channels * width)))
+_scaled = architectures.scaled_channels
 
 
 @contextlib.contextmanager
@@ -63,7 +72,8 @@ def build_model(name, precision=None, float32_stream=False, **options):
 
   Options: classes (int), width (float multiplier of every width), units (int
   or one int per stage), norm (bool: batch-norm pre-activation units), head
-  ("frozen" random projection or "trainable"), init ("paper" or "standard",
+  (`architectures.HEADS`: the "frozen" random projection, "trainable", or
+  a trained dense classifier drawn at "zero" or "normal"), init ("paper" or "standard",
   see `layers.ResidualInitializer`), seed (int: all initial weights and the
   projection), image_size (int), use_bias (bool), residual ("plain",
   "skipinit" or "fixup": `layers.ConvResidualUnit`), projection_scale
@@ -81,9 +91,21 @@ def build_model(name, precision=None, float32_stream=False, **options):
 
 def _build_model(name, stream, **options):
   arch, opts = resolve_options(name, **options)
-  seed, init = opts["seed"], opts["init"]
   size = opts["image_size"]
   inputs = keras.Input((size, size, 3), name="images")
+  head = functools.partial(_head, opts)
+  if name in PEER_NETWORKS:
+    logits = PEER_NETWORKS[name](arch, opts, inputs, head)
+  else:
+    logits = _paper_network(arch, opts, inputs, stream, head)
+  model = keras.Model(inputs, logits, name=name)
+  model.build_options = {"name": name, **opts, "units": list(opts["units"])}
+  return model
+
+
+def _paper_network(arch, opts, inputs, stream, head):
+  """Table 1's network (and its batch-norm baseline) on INPUTS."""
+  seed, init = opts["seed"], opts["init"]
   x = inputs
   for i, (kernel, channels, stride) in enumerate(arch.stem):
     x = keras.layers.Conv2D(
@@ -98,19 +120,22 @@ def _build_model(name, stream, **options):
     unit_class = layers.ConvResidualUnit
     unit_options = dict(residual=opts["residual"],
                         num_branches=sum(opts["units"]))
-  unit_seed = seed * 1000 + 10
-  for stage, (width, units, stride) in enumerate(
-      zip(arch.widths, opts["units"], arch.strides)):
-    for unit in range(units):
-      x = unit_class(
-          _scaled(width, opts["width"]), strides=stride if unit == 0 else 1,
-          use_bias=opts["use_bias"], kernel_initializer=init, seed=unit_seed,
-          name=f"stage{stage + 1}_unit{unit + 1}", **unit_options,
-          **stream)(x)
-      unit_seed += 2
+  for number, (name, channels, stride, _) in enumerate(
+      architectures.unit_plan(arch, opts)):
+    x = unit_class(
+        channels, strides=stride, use_bias=opts["use_bias"],
+        kernel_initializer=init, seed=seed * 1000 + 10 + 2 * number,
+        name=name, **unit_options, **stream)(x)
   if opts["norm"]:
     x = keras.layers.BatchNormalization(name="final_bn")(x)
     x = keras.layers.ReLU(name="final_relu")(x)
+  return head(x)
+
+
+def _head(opts, x, before_classifier=None):
+  """Global average pooling of X, then the final layer opts["head"] names
+  (`architectures.HEADS`), always named "projection"; BEFORE_CLASSIFIER,
+  if given, maps the pooled features first (Fixup's scalar bias)."""
   # Under a mixed-precision policy (e.g. keras.mixed_precision
   # .set_global_policy("mixed_bfloat16")) the head -- the pooling and the
   # projection -- computes in the variable dtype, float32: a float32 residual
@@ -121,12 +146,19 @@ def _build_model(name, stream, **options):
   head_dtype = (policy.variable_dtype
                 if policy.compute_dtype != policy.variable_dtype else None)
   x = keras.layers.GlobalAveragePooling2D(dtype=head_dtype, name="pool")(x)
-  logits = layers.RandomProjection(
-      opts["classes"], seed=seed, trainable=opts["head"] == "trainable",
-      scale=opts["projection_scale"], dtype=head_dtype, name="projection")(x)
-  model = keras.Model(inputs, logits, name=name)
-  model.build_options = {"name": name, **opts, "units": list(opts["units"])}
-  return model
+  if before_classifier is not None:
+    x = before_classifier(x)
+  if opts["head"] in ("frozen", "trainable"):
+    return layers.RandomProjection(
+        opts["classes"], seed=opts["seed"],
+        trainable=opts["head"] == "trainable",
+        scale=opts["projection_scale"], dtype=head_dtype,
+        name="projection")(x)
+  kernel = ("zeros" if opts["head"] == "zero" else
+            keras.initializers.RandomNormal(stddev=0.01, seed=opts["seed"]))
+  return keras.layers.Dense(opts["classes"], kernel_initializer=kernel,
+                            bias_initializer="zeros", dtype=head_dtype,
+                            name="projection")(x)
 
 
 def activation_probe(model):
@@ -170,6 +202,8 @@ def _layer_options(layer):
   """The options that change what LAYER computes, as short text."""
   if isinstance(layer, layers.ConvResidualUnit):
     return f"residual={layer.residual}"
+  if isinstance(layer, keras.layers.Dense):
+    return "trained"
   if isinstance(layer, layers.RandomProjection):
     return (f"scale={layer.scale}, "
             f"{'trained' if layer.trainable else 'frozen'}")

@@ -194,7 +194,8 @@ class StabiliserTest(absltest.TestCase):
   def test_stabilisers_refuse_batch_norm(self):
     with self.assertRaisesRegex(ValueError, "does not combine with norm"):
       tiny("resnet_bn", residual="skipinit")
-    with self.assertRaisesRegex(ValueError, "valid: plain, skipinit, fixup"):
+    with self.assertRaisesRegex(ValueError,
+                                "valid: plain, skipinit, gain, fixup"):
       tiny(residual="rezero")
     with self.assertRaisesRegex(ValueError, "needs num_branches"):
       layers.ConvResidualUnit(4, residual="fixup")
@@ -326,7 +327,8 @@ class NetworkTest(absltest.TestCase):
 
   def test_bad_options_name_the_valid_values(self):
     cases = [
-        (dict(name="cifar11"), "valid: cifar10, cifar100, imagenet, resnet_bn"),
+        (dict(name="cifar11"), "valid: cifar10, cifar100, fixup, imagenet, "
+                               "nf_resnet, resnet_bn, skipinit"),
         (dict(name="cifar10", units=0), "units must be one positive integer"),
         (dict(name="cifar10", units=[9, 9]), "or 3 \\(one per stage of "
          "cifar10\\), got 9,9"),

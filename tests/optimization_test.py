@@ -27,8 +27,11 @@ tf.config.set_logical_device_configuration(
 
 
 def _numpy_unit_norms(array):
+  """NFNets' unit-wise norm written out: a kernel's per output unit (its
+  last axis), a vector's or a scalar's as a whole."""
+  array = np.asarray(array, np.float64)
   if array.ndim <= 1:
-    return np.abs(array)
+    return np.sqrt(np.sum(array ** 2))
   return np.sqrt(np.sum(np.square(array), axis=tuple(range(array.ndim - 1)),
                         keepdims=True))
 
@@ -40,7 +43,10 @@ class ClippingTest(absltest.TestCase):
     rng = np.random.default_rng(0)
     shapes = [(3, 3, 2, 4), (5, 3), (4,), ()]
     self.weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    self.weights[2][1] = 0.0  # A unit at zero: AGC's epsilon floor.
+    # Units at zero, where AGC's epsilon floor sets the limit: a kernel's
+    # output channel and a scalar.
+    self.weights[0][..., 1] = 0.0
+    self.weights[3] = np.zeros((), np.float32)
     self.gradients = [10 * rng.standard_normal(s).astype(np.float32)
                       for s in shapes]
 
@@ -77,6 +83,33 @@ class ClippingTest(absltest.TestCase):
         [tf.constant(g) for g in self.gradients],
         [tf.constant(w) for w in self.weights])
     self.assertEqual(factors, [None] * 4)
+
+  def test_adaptive_clipping_engages_unit_by_unit_and_spares_the_classifier(
+      self):
+    lam = 0.1
+    kernel = np.ones((3, 3, 2, 2), np.float32)  # Unit norms 3 sqrt(2).
+    limit = lam * 3 * math.sqrt(2)
+    # Unit 0's gradient norm is 10 times its limit, unit 1's a tenth.
+    gradient = np.ones_like(kernel) * (limit / (3 * math.sqrt(2)))
+    gradient[..., 0] *= 10
+    gradient[..., 1] *= 0.1
+    head = np.full((4, 3), 0.01, np.float32)
+    head_gradient = np.full((4, 3), 100.0, np.float32)
+    with keras.name_scope("stage1_unit1"):
+      conv = keras.Variable(kernel, name="kernel")
+    with keras.name_scope(optimization.CLASSIFIER):
+      classifier = keras.Variable(head, name="kernel")
+    self.assertTrue(optimization.is_classifier(classifier))
+    self.assertFalse(optimization.is_classifier(conv))
+    factors, _ = optimization.clip_factors(
+        [tf.constant(gradient), tf.constant(head_gradient)],
+        [conv, classifier], agc_clip=lam)
+    clipped = gradient * factors[0].numpy()
+    norms = _numpy_unit_norms(clipped).ravel()
+    self.assertAlmostEqual(norms[0], limit, places=5)  # Engaged...
+    np.testing.assert_array_equal(clipped[..., 1], gradient[..., 1])  # not.
+    # The classifier's gradient, 1e4 times its AGC limit, is not clipped.
+    self.assertIsNone(factors[1])
 
   def test_both_apply_the_global_limit_to_the_adaptively_clipped_gradient(self):
     agc_only, _ = self._clipped(agc_clip=0.05)

@@ -60,11 +60,11 @@ def _batch(n=16, seed=0):
 
 def _agc_factors(grads, weights, agc_clip, epsilon=1e-3):
   """Adaptive gradient clipping (Brock et al., 2021, eq. 3), per unit -- an
-  output channel, the last axis of a kernel; each entry of a vector --:
+  output channel, the last axis of a kernel; a whole vector or scalar --:
   min(1, lambda * max(||W_i||, eps) / ||G_i||), in NumPy."""
   def unit_norms(x):
     if x.ndim <= 1:
-      return np.abs(x)
+      return np.sqrt(np.sum(x * x))
     return np.sqrt(np.sum(x * x, axis=tuple(range(x.ndim - 1)),
                           keepdims=True))
   factors = []

@@ -28,7 +28,7 @@ TINY_STUDY = configs.Study(
 
 
 def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None,
-         machines=None):
+         machines=None, train_set=None):
   steps = [100 * (i + 1) for i in range(len(top1))]
   # Reached at the first evaluation at or above the level, 1 s per step
   # undisturbed, 1.5 s as it ran.
@@ -42,6 +42,7 @@ def _run(seed, status, top1, nan_step=None, minutes=2.0, rate=None,
           "machines": dict(machines or {}),
           "final_top1": top1[-1] if status == "done" else None,
           "best_top1": max(top1) if top1 else None,
+          "train_set": train_set,
           "curves": {"train_loss": [[s, 2.0 / s] for s in steps],
                      "test_top1": [[s, t] for s, t in zip(steps, top1)]}}
 
@@ -53,14 +54,18 @@ MADE_UP = {
             _run(0, "diverged", [], nan_step=160, minutes=0.5)]},
         {"name": "clip", "description": "clipped", "runs": [
             _run(0, "done", [0.80, 0.9120], rate=100.0,
-                 machines={"A": 100.0}),
+                 machines={"A": 100.0},
+                 train_set={"loss": 0.20, "top1": 0.93}),
             _run(1, "done", [0.82, 0.9050], rate=110.0,
-                 machines={"B": 110.0}),
+                 machines={"B": 110.0},
+                 train_set={"loss": 0.22, "top1": 0.92}),
             # Resumed on another machine, slower there.
             _run(2, "done", [0.86, 0.9180], rate=120.0,
-                 machines={"A": 140.0, "B": 61.4})]},
+                 machines={"A": 140.0, "B": 61.4},
+                 train_set={"loss": 0.30, "top1": 0.91})]},
         {"name": "half", "description": "one seed left", "runs": [
-            _run(0, "done", [0.7, 0.85]),
+            _run(0, "done", [0.7, 0.85],
+                 train_set={"loss": 0.5, "top1": 0.8}),
             _run(1, "running", [0.6], minutes=0.5)]},
     ]}
 
@@ -70,26 +75,33 @@ class ReportTest(absltest.TestCase):
   def test_markdown_table(self):
     rows = study.markdown_table(MADE_UP).splitlines()
     self.assertLen(rows, 2 + 3)
-    # Columns: name, what, seeds, final, best, NaN step, wall time,
-    # images/s, minutes to 85 / 90 / 92 % as run and undisturbed.
+    # Columns: name, what, seeds, final, best, training-set loss and top-1,
+    # NaN step, wall time, images/s, minutes to 85 / 90 / 92 % as run and
+    # undisturbed.
     literal, clip, half = (row.strip("| ").split(" | ") for row in rows[2:])
     self.assertEqual(literal[3:5], ["--", "--"])   # No evaluation before NaN.
-    self.assertEqual(literal[5:], ["160", "0.5 min", "--", "-- / -- / --",
-                                   "-- / -- / --"])
+    self.assertEqual(literal[5:], ["--", "--", "160", "0.5 min", "--",
+                                   "-- / -- / --", "-- / -- / --"])
     finals = [0.9120, 0.9050, 0.9180]
     self.assertEqual(
         clip[3], f"{100 * statistics.mean(finals):.2f} ± "
         f"{100 * statistics.pstdev(finals):.2f} (91.20, 90.50, 91.80)")
-    self.assertEqual(clip[5:7], ["none", "2.0 min per seed"])
-    self.assertEqual(clip[7], "110")
+    losses, fitted = [0.20, 0.22, 0.30], [93, 92, 91]
+    self.assertEqual(clip[5], f"{statistics.mean(losses):.4f} ± "
+                     f"{statistics.pstdev(losses):.4f}")
+    self.assertEqual(clip[6], f"{statistics.mean(fitted):.2f} ± "
+                     f"{statistics.pstdev(fitted):.2f}")
+    self.assertEqual(clip[7:9], ["none", "2.0 min per seed"])
+    self.assertEqual(clip[9], "110")
     # 85 %: steps 200, 200, 100 at 1 s each; 92 %: none reached it.
-    self.assertEqual(clip[8],
+    self.assertEqual(clip[10],
                      f"{1.5 * 500 / 3 / 60:.1f} / {1.5 * 200 / 60:.1f} / --")
-    self.assertEqual(clip[9], f"{500 / 3 / 60:.1f} / {200 / 60:.1f} / --")
+    self.assertEqual(clip[11], f"{500 / 3 / 60:.1f} / {200 / 60:.1f} / --")
     self.assertEqual(half[3], "85.00, --")  # No mean over a missing value.
-    self.assertEqual(half[5], "1 unfinished")
-    self.assertEqual(half[6], "2.0 min per seed")  # Finished runs only.
-    self.assertEqual(half[9], f"{200 / 60:.1f} (1/2) / -- / --")
+    self.assertEqual(half[5:7], ["0.5000 (1/2)", "80.00 (1/2)"])
+    self.assertEqual(half[7], "1 unfinished")
+    self.assertEqual(half[8], "2.0 min per seed")  # Finished runs only.
+    self.assertEqual(half[11], f"{200 / 60:.1f} (1/2) / -- / --")
 
   def test_report_files(self):
     output_dir = self.create_tempdir().full_path

@@ -189,7 +189,7 @@ class ConfigErrorTest(absltest.TestCase):
             dict(grad_clip_norm=-1.0),
         "--agc_clip must be a finite number": dict(agc_clip=float("nan")),
         # The network's options: the architecture table's one validator.
-        "unknown residual 'rezero'; valid: plain, skipinit, fixup":
+        "unknown residual 'rezero'; valid: plain, skipinit, gain, fixup":
             dict(residual="rezero"),
         "residual='fixup' is a normalisation-free parametrisation":
             dict(residual="fixup", norm=True),

@@ -20,21 +20,24 @@ from identity_tf.training import run as run_lib
 
 
 def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
-                   batch_size=500, num_examples=None):
+                   batch_size=500, num_examples=None, split=None):
   """A function () -> `evaluate`'s result for MODEL's current weights.
 
   Evaluates on the held-out split of DATASET (as --dataset names it), which
   INFO describes (its `datasets.DatasetInfo`), with PREPROCESSING: a run's
   (`run.Run.preprocessing`), or `datasets.preprocessing_config` of another
-  dataset for the run's input size. The pipeline is built once (for an
-  in-memory dataset: read once), so a training run can evaluate every few
-  steps cheaply.
+  dataset for the run's input size. SPLIT (e.g. info.train_split) replaces
+  the held-out split: every example once, without augmentation, as the
+  evaluation reads its own. The pipeline is built once (for an in-memory
+  dataset: read once), so a training run can evaluate every few steps
+  cheaply.
   """
-  if info.eval_split is None:
+  split = split or info.eval_split
+  if split is None:
     raise ValueError(f"{dataset} has neither a 'validation' nor a 'test' "
                      "split to evaluate on")
   ds = pipeline.build_dataset(
-      dataset, info.eval_split, batch_size, training=False, data_dir=data_dir,
+      dataset, split, batch_size, training=False, data_dir=data_dir,
       num_examples=num_examples, preprocessing=preprocessing)
   top_k = min(5, info.num_classes)
 
@@ -56,7 +59,7 @@ def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
       sums += batch_sums(images, labels).numpy()
     count = int(sums[3])
     if count == 0:
-      raise ValueError(f"the {info.eval_split} split of {dataset} is empty")
+      raise ValueError(f"the {split} split of {dataset} is empty")
     return {"loss": sums[0] / count, "top1": sums[1] / count,
             "top5": sums[2] / count, "examples": count}
   return run

@@ -22,6 +22,8 @@ TRAIN_DIR = "train"
 EVAL_DIR = "eval"
 # The evaluation's scores that go to TensorBoard.
 EVAL_SCALARS = ("loss", "top1", "top5")
+# The record of the evaluation on the whole training split at a run's end.
+TRAIN_EVAL = "train_eval"
 # The "source" of the records //bin:evaluate adds to a run's metrics.jsonl:
 # not the run's own evaluations, and no training time.
 EVALUATE_SOURCE = "evaluate"
@@ -103,6 +105,17 @@ class MetricsWriter:
         for name, value in metrics.items()}, **extra}
     self._write(record, EVAL_DIR,
                 {name: metrics[name] for name in EVAL_SCALARS}, step)
+
+  def training_set_evaluation(self, step, metrics):
+    """METRICS of the model at STEP on the whole training split
+    (`trainer.Trainer.evaluate_training_set`): a "train_eval" record, and
+    TensorBoard's train_set/ scalars."""
+    record = {"step": step, TRAIN_EVAL: {
+        name: value if isinstance(value, int) else round_value(value)
+        for name, value in metrics.items()}}
+    self._write(record, TRAIN_DIR,
+                {f"train_set/{name}": metrics[name] for name in EVAL_SCALARS},
+                step)
 
   def close(self):
     for writer in self._writers.values():
@@ -248,3 +261,10 @@ def read_scalars(log_dir):
         number = float(tf.make_ndarray(value.tensor))
         scalars.setdefault(value.tag, []).append((event.step, number))
   return scalars
+
+
+def training_set_evaluation(records):
+  """The last "train_eval" record's scores ({"loss", "top1", "top5",
+  "examples"} and its "step"), None if the run has none."""
+  found = [r for r in records if TRAIN_EVAL in r]
+  return {**found[-1][TRAIN_EVAL], "step": found[-1]["step"]} if found else None

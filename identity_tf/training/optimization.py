@@ -9,10 +9,18 @@ added, each off (0) unless a configuration asks for it:
   (Goyal et al., 2017, Section 2.2).
 * `grad_clip_norm`: the gradient g of the whole (global) batch is scaled
   to norm at most c, g <- g min(1, c / ||g||) (Pascanu et al., 2013).
-* `agc_clip`: adaptive gradient clipping (Brock et al., 2021, Section 4,
-  equation 3): every unit i of a weight W (an output channel of a
-  convolution) has its gradient G_i scaled to
-  ||G_i|| <= lambda max(||W_i||, 1e-3).
+* `agc_clip`: adaptive gradient clipping (Brock et al., 2021, "High-
+  performance large-scale image recognition without normalization",
+  Section 4, equation 3): every unit i of a weight W (an output channel of a
+  convolution or dense kernel; a whole vector or scalar) has its gradient
+  G_i scaled to ||G_i|| <= lambda max(||W_i||, 1e-3). The classifier (the
+  final layer) is not clipped, as in NFNets.
+* `grad_clip_steps`: global-norm clipping for the first steps only (a
+  warm-up of the optimisation), then none.
+
+Two settings make the optimiser follow a normalisation-free method's own
+recipe: `bias_lr_factor` (Fixup trains its scalar biases and multipliers at
+1/10 of the rate) and `weight_decay_scope` (which weights are decayed).
 
 The clipping factors are computed from the gradient of the global batch and
 applied to each replica's part of it, so that, summed over the replicas by
@@ -25,6 +33,11 @@ import tensorflow as tf
 # AGC's floor on a unit's weight norm (Brock et al., 2021: epsilon = 1e-3),
 # so that units initialised at zero can still move.
 AGC_EPSILON = 1e-3
+# The floor on a unit's gradient norm in AGC's division (as in NFNets).
+AGC_GRADIENT_FLOOR = 1e-6
+# The name of every network's final layer (`model.build_model`): AGC leaves
+# it unclipped.
+CLASSIFIER = "projection"
 
 
 @keras.saving.register_keras_serializable(package="identity_tf")
@@ -69,6 +82,8 @@ def learning_rate_schedule(schedule):
     30k and 50k steps).
   exponential: initial * decay_rate ** floor(step / decay_steps) (Section
     4.2: 0.1 * 0.94 every 2 epochs).
+  cosine: initial (1 + cos(pi min(step, T) / T)) / 2 over the run's T
+    steps (NF-ResNets' schedule).
   constant: initial.
   Then `LinearWarmup` over schedule.warmup_steps, if any.
   """
@@ -84,20 +99,28 @@ def learning_rate_schedule(schedule):
     rate = keras.optimizers.schedules.ExponentialDecay(
         schedule.initial, decay_steps=schedule.decay_steps,
         decay_rate=schedule.decay_rate, staircase=True)
+  elif schedule.kind == "cosine":
+    rate = keras.optimizers.schedules.CosineDecay(
+        schedule.initial, decay_steps=schedule.decay_steps, alpha=0.0)
   if schedule.warmup_steps:
     rate = LinearWarmup(rate, schedule.warmup_steps)
   return rate
 
 
-def build_optimizer(schedule, momentum):
-  """SGD with MOMENTUM at SCHEDULE's rate (a `run.Schedule`); weight decay
-  is not the optimizer's: `l2_penalty`.
+def build_optimizer(schedule, momentum, nesterov=False):
+  """SGD with MOMENTUM (Nesterov's if NESTEROV) at SCHEDULE's rate (a
+  `run.Schedule`); weight decay is not the optimizer's: `l2_penalty`.
 
   Nor is clipping: Keras's `global_clipnorm` clips each replica's part of
   the gradient separately; `clip_factors` clips the global one.
   """
   return keras.optimizers.SGD(learning_rate=learning_rate_schedule(schedule),
-                              momentum=momentum)
+                              momentum=momentum, nesterov=nesterov)
+
+
+def is_classifier(variable):
+  """Whether VARIABLE belongs to the network's final layer."""
+  return getattr(variable, "path", "").split("/")[0] == CLASSIFIER
 
 
 def convolution_kernels(model):
@@ -105,23 +128,48 @@ def convolution_kernels(model):
   return [w for w in model.trainable_weights if len(w.shape) == 4]
 
 
-def l2_penalty(model, weight_decay):
-  """weight_decay * sum over convolution kernels W of ||W||_F^2 / 2.
+def decayed_weights(model, scope="convolutions"):
+  """The trainable weights that weight decay decays, by SCOPE:
+
+  "convolutions": the convolution kernels (Hardt & Ma, Section 4.1);
+  "kernels": every kernel of rank >= 2, the classifier's included, but no
+    bias, gain or scalar (NFNets' "no weight decay on gains and biases");
+  "all": every trainable weight (the PyTorch SGD `weight_decay` of Fixup's
+    CIFAR code, which decays its scalars and the classifier's bias too).
+  """
+  if scope == "convolutions":
+    return convolution_kernels(model)
+  if scope == "kernels":
+    return [w for w in model.trainable_weights if len(w.shape) >= 2]
+  if scope == "all":
+    return list(model.trainable_weights)
+  raise ValueError(f"unknown weight-decay scope {scope!r}; valid: "
+                   "convolutions, kernels, all")
+
+
+def bias_like(variable):
+  """Whether `bias_lr_factor` applies to VARIABLE: a scalar or a vector
+  (Fixup's scalar biases and multipliers, a classifier's bias)."""
+  return len(variable.shape) <= 1
+
+
+def l2_penalty(model, weight_decay, scope="convolutions"):
+  """weight_decay * sum over the decayed weights W of ||W||_F^2 / 2.
 
   Weight decay as an L2 term added to the loss, as the 2016 tensorflow/models
   resnet (which the paper's code derives from) does with tf.nn.l2_loss: its
   gradient weight_decay * W goes through the momentum like the data gradient.
-  Only convolution kernels are decayed (Section 4.1: "All convolutional
-  weights are trained with weight decay"); biases and the scalars of
-  SkipInit and Fixup, if any, are not, and the frozen projection is not
-  trained at all. We do not use the optimizer's decoupled `weight_decay`
+  By default only convolution kernels are decayed (Section 4.1: "All
+  convolutional weights are trained with weight decay"); biases and the
+  scalars of SkipInit and Fixup, if any, are not, and the frozen projection
+  is not trained at all (SCOPE: `decayed_weights`). We do not use the optimizer's decoupled `weight_decay`
   (AdamW-style w -= lr * wd * w outside the momentum): with momentum 0.9 it
   is a different, roughly 10x weaker, regulariser than the paper's.
   """
-  kernels = convolution_kernels(model)
-  if not weight_decay or not kernels:
+  weights = decayed_weights(model, scope)
+  if not weight_decay or not weights:
     return tf.constant(0.0)
-  return weight_decay * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
+  return weight_decay * tf.add_n([tf.nn.l2_loss(w) for w in weights])
 
 
 def unit_norms(tensor):
@@ -129,40 +177,50 @@ def unit_norms(tensor):
 
   A unit is an output: the last axis of a kernel ([k, k, c_in, c_out] or
   [d_in, d_out]), so the norm is taken over all other axes; a vector or a
-  scalar is one unit per entry (Brock et al., 2021, Section 4).
+  scalar is one unit (its whole norm), as NFNets' `unitwise_norm` defines
+  it (Brock et al., 2021, Section 4).
   """
   if len(tensor.shape) <= 1:
-    return tf.abs(tensor)
+    return tf.norm(tensor)
   axes = list(range(len(tensor.shape) - 1))
   return tf.sqrt(tf.reduce_sum(tf.square(tensor), axis=axes, keepdims=True))
 
 
-def clip_factors(gradients, variables, grad_clip_norm=0.0, agc_clip=0.0):
+def agc_factor(gradient, variable, agc_clip):
+  """AGC's factor for one weight (equation 3 of Brock et al., 2021): per
+  unit i, lambda max(||W_i||, 1e-3) / ||G_i|| where ||G_i|| exceeds that
+  limit, else 1."""
+  limit = agc_clip * tf.maximum(unit_norms(variable), AGC_EPSILON)
+  grad_norm = unit_norms(gradient)
+  return tf.where(grad_norm > limit,
+                  limit / tf.maximum(grad_norm, AGC_GRADIENT_FLOOR), 1.0)
+
+
+def clip_factors(gradients, variables, grad_clip_norm=0.0, agc_clip=0.0,
+                 clip_now=True):
   """Factors f with f * g the clipped gradient, one per gradient.
 
   GRADIENTS is the gradient of the global batch (all replicas summed).
-  Global-norm clipping gives one scalar min(1, c / ||g||) shared by all;
-  AGC gives, per unit, min(1, lambda max(||W_i||, eps) / ||G_i||), times the
+  Global-norm clipping gives one scalar min(1, c / ||g||) shared by all
+  (only where CLIP_NOW, a boolean tensor: `grad_clip_steps`); AGC gives,
+  per unit, `agc_factor` (the classifier's weights excepted), times the
   global factor when both are on. None where no clipping is asked for.
   Returns (factors, global gradient norm before clipping).
   """
   norm = tf.linalg.global_norm(gradients)
   factors = [None] * len(gradients)
   if agc_clip:
-    factors = []
-    for gradient, variable in zip(gradients, variables):
-      limit = agc_clip * tf.maximum(unit_norms(variable), AGC_EPSILON)
-      grad_norm = unit_norms(gradient)
-      # Where the gradient's unit norm is 0 no scaling is needed (factor 1).
-      factors.append(tf.where(grad_norm > limit,
-                              limit / tf.maximum(grad_norm, 1e-30), 1.0))
+    factors = [None if is_classifier(variable) else
+               agc_factor(gradient, variable, agc_clip)
+               for gradient, variable in zip(gradients, variables)]
   if grad_clip_norm:
     if agc_clip:
       # The global norm of the AGC-clipped gradient decides the second step.
       norm_after = tf.linalg.global_norm(
-          [f * g for f, g in zip(factors, gradients)])
+          [g if f is None else f * g for f, g in zip(factors, gradients)])
     else:
       norm_after = norm
     scale = tf.minimum(1.0, grad_clip_norm / tf.maximum(norm_after, 1e-30))
+    scale = tf.where(clip_now, scale, 1.0)
     factors = [scale if f is None else f * scale for f in factors]
   return factors, norm

@@ -30,7 +30,9 @@ class Schedule:
 
   kind "piecewise": VALUES[i] from BOUNDARIES[i-1] on (Section 4.1);
   "exponential": INITIAL * DECAY_RATE ** floor(step / DECAY_STEPS)
-  (Section 4.2, DECAY_STEPS = the decay period in steps); "constant":
+  (Section 4.2, DECAY_STEPS = the decay period in steps); "cosine":
+  INITIAL (1 + cos(pi step / DECAY_STEPS)) / 2, DECAY_STEPS the run's
+  length (Loshchilov & Hutter, 2017, without restarts); "constant":
   INITIAL. Then a linear warm-up over WARMUP_STEPS, if any.
   """
   kind: str
@@ -178,6 +180,8 @@ def make_schedule(config, steps_per_epoch):
         schedule, boundaries=boundaries,
         values=tuple(rate * config.lr_decay_factor ** i
                      for i in range(len(boundaries) + 1)))
+  if kind == "cosine":
+    return dataclasses.replace(schedule, decay_steps=config.train_steps)
   if kind == "exponential" and steps_per_epoch:
     return dataclasses.replace(
         schedule, decay_rate=config.lr_decay_factor,

@@ -23,7 +23,8 @@ def stability_threshold(learning_rate, momentum):
   return 2.0 * (1.0 + momentum) / learning_rate
 
 
-def loss_function(model, images, labels, weight_decay):
+def loss_function(model, images, labels, weight_decay,
+                  scope="convolutions"):
   """() -> the training loss on the batch: mean cross-entropy plus the L2
   term (`optimization.l2_penalty`), as training minimises it."""
   def loss():
@@ -31,7 +32,8 @@ def loss_function(model, images, labels, weight_decay):
     cross_entropy = tf.reduce_mean(
         keras.losses.sparse_categorical_crossentropy(labels, logits,
                                                      from_logits=True))
-    return cross_entropy + optimization.l2_penalty(model, weight_decay)
+    return cross_entropy + optimization.l2_penalty(model, weight_decay,
+                                                   scope)
   return loss
 
 
@@ -98,7 +100,8 @@ def measure_run(model_dir, *, steps=None, data_dir=None, num_examples=512,
     path = checkpoints.find_checkpoint(model_dir, step)
     if model is None:
       model, _, _ = checkpoints.restore_checkpoint(model_dir, path)
-      loss = loss_function(model, images, labels, run.config.weight_decay)
+      loss = loss_function(model, images, labels, run.config.weight_decay,
+                           run.config.weight_decay_scope)
     else:
       tf.train.Checkpoint(model=model).read(path).expect_partial()
     if log:

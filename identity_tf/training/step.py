@@ -12,6 +12,18 @@ from identity_tf import model as model_lib
 from identity_tf.training import optimization
 
 
+def training_loss(labels, logits, label_smoothing=0.0):
+  """The per-example cross-entropy that training minimises: with
+  LABEL_SMOOTHING e > 0, against the target (1 - e) onehot(y) + e / K
+  (Szegedy et al., 2016, Section 7); without it, the plain one."""
+  if not label_smoothing:
+    return keras.losses.sparse_categorical_crossentropy(
+        labels, logits, from_logits=True)
+  return keras.losses.categorical_crossentropy(
+      tf.one_hot(labels, logits.shape[-1]), logits, from_logits=True,
+      label_smoothing=label_smoothing)
+
+
 def _forward_backward(model, probe, optimizer, config, loss_scaled):
   """The per-replica forward and backward pass: (images, labels) ->
   (PROBE's activations, float32 logits, per-example loss, gradients of
@@ -25,14 +37,14 @@ def _forward_backward(model, probe, optimizer, config, loss_scaled):
       activations = probe(images, training=True)
       # float32 under every precision (the model's head): so is the loss.
       logits = tf.cast(activations["logits"], tf.float32)
-      per_example = keras.losses.sparse_categorical_crossentropy(
-          labels, logits, from_logits=True)
+      per_example = training_loss(labels, logits, config.label_smoothing)
       # Mean over the global batch: the optimizer sums the replicas'
       # gradients.
       loss = tf.nn.compute_average_loss(per_example,
                                         global_batch_size=global_batch)
       total = loss + tf.nn.scale_regularization_loss(
-          optimization.l2_penalty(model, config.weight_decay))
+          optimization.l2_penalty(model, config.weight_decay,
+                                  config.weight_decay_scope))
       if loss_scaled:
         total = optimizer.scale_loss(total)
     return activations, logits, per_example, tape.gradient(total, variables)
@@ -71,8 +83,17 @@ def _replica_step(model, probe, optimizer, config, replicas):
     if replicas > 1:
       whole = tf.distribute.get_replica_context().all_reduce(
           tf.distribute.ReduceOp.SUM, unscaled)
+    clip_now = (optimizer.iterations < config.grad_clip_steps
+                if config.grad_clip_steps else tf.constant(True))
     factors, grad_norm = optimization.clip_factors(
-        whole, variables, config.grad_clip_norm, config.agc_clip)
+        whole, variables, config.grad_clip_norm, config.agc_clip, clip_now)
+    if config.bias_lr_factor != 1:
+      # A factor on a gradient is that factor on its learning rate under
+      # SGD with momentum (the momentum is linear in the gradients).
+      factors = [
+          (config.bias_lr_factor if f is None else f * config.bias_lr_factor)
+          if optimization.bias_like(v) else f
+          for f, v in zip(factors, variables)]
     gradients = [g if f is None else g * f
                  for g, f in zip(gradients, factors)]
     if loss_scaled:
@@ -123,9 +144,11 @@ def make_train_step(strategy, model, optimizer, config):
   Each of NUM_STEPS steps takes next(ITERATOR) (a distributed iterator of
   STRATEGY's per-replica (images, labels) batches) and, on every replica,
   applies OPTIMIZER to MODEL's gradient of the cross-entropy averaged over
-  the global batch (config.batch_size) plus `optimization.l2_penalty`,
-  clipped as config.grad_clip_norm and config.agc_clip say
-  (`optimization.clip_factors`, computed from the global batch's gradient).
+  the global batch (config.batch_size; `training_loss`) plus
+  `optimization.l2_penalty`, clipped as config.grad_clip_norm,
+  grad_clip_steps and agc_clip say (`optimization.clip_factors`, computed
+  from the global batch's gradient), the biases' and scalars' gradients
+  times config.bias_lr_factor.
 
   Returns a dict of tensors over the NUM_STEPS steps:
     "sums": the sums over steps and replicas of [per-example loss, correct

@@ -45,8 +45,9 @@ def run_config(arm, seed, *, dataset, epochs, num_train_examples,
                width=None):
   """The `configs.Config` of ARM's run with SEED on DATASET for EPOCHS.
 
-  The preset's learning-rate boundaries are scaled to the budget; the run
-  evaluates and checkpoints once per epoch (of NUM_TRAIN_EXAMPLES, the
+  The preset's learning-rate boundaries and warm-up are scaled to the
+  budget; the run evaluates and checkpoints once per epoch, and on the
+  whole training split at the end (of NUM_TRAIN_EXAMPLES, the
   dataset's, as `run.steps_per_epoch` counts it for the run). WIDTH None
   keeps the preset's. The arm's own overrides come last: they win.
   """
@@ -69,8 +70,12 @@ def run_config(arm, seed, *, dataset, epochs, num_train_examples,
         f" of {base.train_steps}) apart: give --epochs="
         f"{math.ceil(100 * enough / steps_per_epoch) / 100:g} or more")
   epoch = max(1, round(steps_per_epoch))
+  # A preset's warm-up keeps its share of the budget, as its boundaries do.
+  warmup = (max(1, round(base.warmup_steps * steps / base.train_steps))
+            if base.warmup_steps else 0)
   return configs.override(config, **{
-      "train_steps": steps, "lr_boundaries": boundaries, "eval_steps": epoch,
+      "train_steps": steps, "lr_boundaries": boundaries,
+      "warmup_steps": warmup, "eval_train_at_end": True, "eval_steps": epoch,
       "checkpoint_steps": epoch, "log_steps": min(base.log_steps, epoch),
       "steps_per_loop": min(base.steps_per_loop, epoch),
       "eval_at_end": True, **arm_overrides})
@@ -190,6 +195,9 @@ def _run_results(model_dir, seed):
       "time_to_top1": _time_to_top1(records, top1, rate, config),
       "final_top1": top1[-1][1] if top1 and state["status"] == "done"
                     else None,
+      # The whole training set evaluated once at the end: what the run
+      # fitted, beside what it generalised to.
+      "train_set": metrics.training_set_evaluation(records),
       "best_top1": max(v for _, v in top1) if top1 else None,
       "curves": {"train_loss": train_scalars.get("loss", []),
                  "test_top1": top1},
@@ -286,14 +294,29 @@ def _summary(values):
           f"({text})")
 
 
+def _training_set(runs, key):
+  """The runs' training-set KEY ("loss": mean cross-entropy, "top1": as a
+  percentage), mean ± sd over the seeds that have one; '--' if none."""
+  values = [r["train_set"][key] for r in runs if r.get("train_set")]
+  if not values:
+    return "--"
+  scale, digits = (100, 2) if key == "top1" else (1, 4)
+  text = f"{scale * np.mean(values):.{digits}f}"
+  if len(values) > 1:
+    text += f" ± {scale * np.std(values):.{digits}f}"
+  return text if len(values) == len(runs) else (
+      f"{text} ({len(values)}/{len(runs)})")
+
+
 def markdown_table(results):
-  """One row per arm: test top-1 (final, best), NaN steps, wall time."""
+  """One row per arm: test top-1 (final, best), the training set's loss
+  and top-1 at the end, NaN steps, wall time."""
   levels = " / ".join(f"{100 * level:g}" for level in TOP1_LEVELS)
   lines = [
       "| configuration | what | seeds | final test top-1 (%) | best test "
-      f"top-1 (%) | NaN at step | wall time | images/s | minutes to "
-      f"{levels} %: wall | undisturbed |",
-      "|---|---|---|---|---|---|---|---|---|---|",
+      "top-1 (%) | training-set loss | training-set top-1 (%) | NaN at step "
+      f"| wall time | images/s | minutes to {levels} %: wall | undisturbed |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for arm in results["arms"]:
     runs = arm["runs"]
@@ -315,6 +338,7 @@ def markdown_table(results):
         f"{', '.join(str(r['seed']) for r in runs)} | "
         f"{_summary([r['final_top1'] for r in runs])} | "
         f"{_summary([r['best_top1'] for r in runs])} | "
+        f"{_training_set(runs, 'loss')} | {_training_set(runs, 'top1')} | "
         f"{', '.join(nan) or 'none'} | {wall} | {rates} | " + " | ".join(
             " / ".join(_minutes_to(runs, level, key) for level in TOP1_LEVELS)
             for key in ("wall_seconds", "estimated_seconds")) + " |")

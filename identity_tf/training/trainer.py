@@ -42,7 +42,8 @@ from identity_tf.training import step as step_lib
 def build_optimizer(run):
   """RUN's optimizer: SGD with momentum at the run's schedule, with Keras's
   dynamic loss scaling under mixed_float16 (float16 gradients underflow)."""
-  optimizer = optimization.build_optimizer(run.schedule, run.config.momentum)
+  optimizer = optimization.build_optimizer(run.schedule, run.config.momentum,
+                                           run.config.nesterov)
   if run.config.precision == "mixed_float16":
     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
   return optimizer
@@ -237,6 +238,17 @@ class Trainer:
           num_examples=config.num_eval_examples)
     return self._evaluator()
 
+  def evaluate_training_set(self):
+    """Loss and top-1/top-5 of the current weights on the whole training
+    split (the run's --num_train_examples of it), each image once, without
+    augmentation: what training has fitted, beside the held-out scores."""
+    config = self.config
+    return evaluation.make_evaluator(
+        self.model, config.dataset, self.run.dataset, self.run.preprocessing,
+        data_dir=self.run.data_dir, batch_size=config.eval_batch_size,
+        num_examples=config.num_train_examples,
+        split=self.run.dataset.train_split)()
+
   def scalars(self, record):
     """The TensorBoard scalars of progress record RECORD."""
     return {
@@ -244,7 +256,8 @@ class Trainer:
         "learning_rate": record["lr"],
         "images_per_second": record["images_per_second"],
         "weight_decay_loss": float(optimization.l2_penalty(
-            self.model, self.config.weight_decay)),
+            self.model, self.config.weight_decay,
+            self.config.weight_decay_scope)),
         "grad_norm": record["grad_norm"],
         "update_ratio": record["update_ratio"],
         **({"loss_scale": record["loss_scale"]} if "loss_scale" in record
@@ -465,6 +478,9 @@ def _loop(trainer, writer, stop, echo):
   result["step"] = step
   if config.eval_at_end and trainer.chief and evaluated_at != step:
     result["eval"] = _evaluate(trainer, writer, step)
+  if config.eval_train_at_end and trainer.chief:
+    result["train_eval"] = trainer.evaluate_training_set()
+    writer.training_set_evaluation(step, result["train_eval"])
   return result
 
 

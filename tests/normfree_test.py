@@ -1,0 +1,320 @@
+"""Tests of the normalisation-free methods' own networks and recipes.
+
+Each method is checked against the properties its paper states at
+initialisation, computed independently here (NumPy, or the formula written
+out), then trained a few steps on `synthetic` through the trainer,
+resumed, restored and exported. The `normfree` study's diagnosis -- the
+whole training set evaluated at the end -- is checked to count every
+training image once.
+"""
+
+import dataclasses
+import math
+import os
+
+from absl.testing import absltest
+import keras
+import numpy as np
+import tensorflow as tf
+
+from identity_tf import configs
+from identity_tf import layers
+from identity_tf import model as model_lib
+from identity_tf.peers import fixup
+from identity_tf.data import tfds_data
+from identity_tf.peers import nf_resnet
+from identity_tf.serving import contract
+from identity_tf.serving import export
+from identity_tf.training import checkpoints
+from identity_tf.training import metrics
+from identity_tf.training import optimization
+from identity_tf.training import step as step_lib
+from identity_tf.training import study
+from identity_tf.training import trainer
+
+TINY = dict(width=0.125, units=2, classes=10, seed=3)
+
+
+def _images(n=8, seed=0, size=32, channels=3, non_negative=False):
+  x = np.random.default_rng(seed).standard_normal(
+      (n, size, size, channels)).astype(np.float32)
+  return np.abs(x) if non_negative else x
+
+
+def _units(model):
+  return [l for l in model.layers if l.name.startswith("stage")]
+
+
+class FixupTest(absltest.TestCase):
+
+  def test_each_unit_starts_as_its_shortcut_and_the_logits_at_zero(self):
+    model = model_lib.build_model("fixup", **TINY)
+    # After the stem's ReLU every unit sees non-negative input, on which
+    # ReLU(x + 0) is x: the unit is exactly its shortcut.
+    for unit in _units(model):
+      x = _images(4, channels=unit.input.shape[-1],
+                  size=unit.input.shape[1], non_negative=True)
+      expected = x[:, ::unit.strides, ::unit.strides, :]
+      expected = np.pad(expected, [(0, 0)] * 3 +
+                        [(0, unit.filters - x.shape[-1])])
+      np.testing.assert_array_equal(unit(x).numpy(), expected)
+    np.testing.assert_array_equal(model(_images()).numpy(), 0.0)
+
+  def test_initialisation_and_scalars_are_zhang_et_als(self):
+    plan_units = 27  # Table 1: L = 3 x 9 branches.
+    model = model_lib.build_model("fixup", width=0.5, classes=10)
+    unit = model.get_layer("stage3_unit5")
+    kernel = unit.conv1.kernel.numpy()
+    # He et al.'s fan-out normal, scaled by L^(-1/2) (rule 2).
+    expected = math.sqrt(2 / (9 * kernel.shape[-1])) / math.sqrt(plan_units)
+    self.assertAlmostEqual(kernel.std() / expected, 1.0, delta=0.03)
+    np.testing.assert_array_equal(unit.conv2.kernel.numpy(), 0.0)
+    scalars = {w.path.split("/")[-1]: float(w.numpy())
+               for w in unit.weights if len(w.shape) == 0}
+    self.assertEqual(scalars, {"bias1a": 0.0, "bias1b": 0.0, "bias2a": 0.0,
+                               "bias2b": 0.0, "scale": 1.0})
+    head = model.get_layer("projection")
+    self.assertTrue(head.trainable)
+    np.testing.assert_array_equal(head.kernel.numpy(), 0.0)
+    np.testing.assert_array_equal(head.bias.numpy(), 0.0)
+
+  def test_forward_is_the_authors_block(self):
+    unit = fixup.FixupUnit(6, strides=2, num_branches=4, seed=1)
+    x = _images(2, channels=4, size=8)
+    unit(x)
+    rng = np.random.default_rng(5)
+    for w in unit.weights:
+      w.assign(rng.standard_normal(w.shape).astype(np.float32))
+    b1a, b1b, b2a, s, b2b = (float(getattr(unit, n).numpy()) for n in (
+        "bias1a", "bias1b", "bias2a", "scale", "bias2b"))
+    conv = lambda t, c: tf.nn.conv2d(t, c.kernel, c.strides, "SAME").numpy()
+    hidden = np.maximum(conv(x + b1a, unit.conv1) + b1b, 0)
+    branch = conv(hidden + b2a, unit.conv2) * s + b2b
+    skip = np.pad((x + b1a)[:, ::2, ::2, :], [(0, 0)] * 3 + [(0, 2)])
+    np.testing.assert_allclose(unit(x).numpy(),
+                               np.maximum(skip + branch, 0), rtol=1e-5,
+                               atol=1e-5)
+
+
+class SkipInitTest(absltest.TestCase):
+
+  def test_each_unit_starts_as_its_shortcut(self):
+    model = model_lib.build_model("skipinit", **TINY)
+    for unit in _units(model):
+      x = _images(4, channels=unit.input.shape[-1], size=unit.input.shape[1])
+      expected = x
+      if unit.strides > 1:  # 2x2 average pooling, written out.
+        expected = expected.reshape(4, x.shape[1] // 2, 2, x.shape[2] // 2, 2,
+                                    x.shape[3]).mean(axis=(2, 4))
+      extra = unit.filters - x.shape[-1]
+      expected = np.pad(expected, [(0, 0)] * 3 +
+                        [(extra // 2, extra - extra // 2)])
+      np.testing.assert_allclose(unit(x).numpy(), expected, atol=1e-6)
+      self.assertEqual(float(unit.skip_gain.numpy()), 0.0)
+
+  def test_convolutions_are_he_initialised_and_the_classifier_small(self):
+    model = model_lib.build_model("skipinit", width=0.5, classes=10)
+    kernel = model.get_layer("stage2_unit3").conv1.kernel.numpy()
+    # Keras's HeNormal is truncated at 2 standard deviations; its variance
+    # is still 2 / fan_in.
+    self.assertAlmostEqual(kernel.std() / math.sqrt(2 / (9 * 64)), 1.0,
+                           delta=0.03)
+    head = model.get_layer("projection").kernel.numpy()
+    self.assertAlmostEqual(head.std() / 0.01, 1.0, delta=0.1)
+
+
+class NFResNetTest(absltest.TestCase):
+
+  def test_weight_standardisation_is_scaled_per_output_channel(self):
+    conv = nf_resnet.ScaledWSConv2D(5, 3, padding="same")
+    conv(_images(1, channels=4, size=6))
+    conv.gain.assign(np.arange(1, 6, dtype=np.float32))
+    w = conv.kernel.numpy().astype(np.float64)
+    mean = w.mean(axis=(0, 1, 2))
+    std = w.std(axis=(0, 1, 2))
+    expected = (w - mean) / (std * math.sqrt(3 * 3 * 4)) * np.arange(1, 6)
+    np.testing.assert_allclose(conv.standardized_kernel().numpy(), expected,
+                               rtol=1e-4, atol=1e-6)
+
+  def test_relu_gain_preserves_variance(self):
+    z = np.random.default_rng(0).standard_normal(1_000_000)
+    self.assertAlmostEqual(
+        np.var(np.maximum(z, 0) * nf_resnet.RELU_GAIN), 1.0, delta=0.01)
+
+  def test_units_start_as_their_shortcut(self):
+    model = model_lib.build_model("nf_resnet", **TINY)
+    for unit in _units(model):
+      self.assertEqual(float(unit.skip_gain.numpy()), 0.0)
+      if not unit.projects:
+        x = _images(4, channels=unit.filters, size=unit.input.shape[1])
+        np.testing.assert_array_equal(unit(x).numpy(), x)
+
+  def test_the_stream_grows_by_alpha_squared_as_the_rule_says(self):
+    # With the skip gains at 1, Var(h_{i+1}) = Var(h_i) + alpha^2, reset to
+    # 1 + alpha^2 by a stage's first unit, from a unit-variance input.
+    model = model_lib.build_model("nf_resnet", width=1.0, units=3,
+                                  classes=10, seed=0)
+    units = _units(model)
+    for unit in units:
+      unit.skip_gain.assign(1.0)
+    plan = [(u.name, u.filters, u.strides, int(u.name[-1]) - 1)
+            for u in units]
+    variances = [s ** 2 for s in nf_resnet.expected_stds(plan)]
+    h = tf.constant(_images(16, channels=16, size=32))
+    for unit, expected in zip(units, variances):
+      self.assertAlmostEqual(float(tf.math.reduce_variance(h)) / expected,
+                             1.0, delta=0.25, msg=unit.name)
+      h = unit(h)
+    # Stage 1's units see 1, 1 + a^2, 1 + 2a^2; stage 2's first sees
+    # 1 + 3a^2 and resets the stream to 1 + a^2 for the next.
+    np.testing.assert_allclose(variances[:5], [1.0, 1.04, 1.08, 1.12, 1.04])
+
+  def test_classifier_is_drawn_from_n_0_0_01(self):
+    model = model_lib.build_model("nf_resnet", width=1.0, classes=100)
+    head = model.get_layer("projection")
+    self.assertAlmostEqual(head.kernel.numpy().std() / 0.01, 1.0, delta=0.05)
+    np.testing.assert_array_equal(head.bias.numpy(), 0.0)
+
+
+class GainTest(absltest.TestCase):
+
+  def test_gain_starts_at_one_and_scales_the_branch(self):
+    unit = layers.ConvResidualUnit(4, residual="gain", seed=0)
+    x = _images(2, channels=4, size=6)
+    y = unit(x).numpy()
+    branch = unit.conv2(tf.nn.relu(unit.conv1(x))).numpy()
+    np.testing.assert_allclose(y, x + branch, atol=1e-6)
+    unit.branch_gain.assign(3.0)
+    np.testing.assert_allclose(unit(x).numpy(), x + 3 * branch, atol=1e-5)
+
+
+class RecipeTest(absltest.TestCase):
+
+  def test_weight_decay_scopes(self):
+    model = model_lib.build_model("fixup", **TINY)
+    names = lambda scope: {w.path for w in
+                           optimization.decayed_weights(model, scope)}
+    every = {w.path for w in model.trainable_weights}
+    kernels = {w.path for w in model.trainable_weights if len(w.shape) >= 2}
+    self.assertEqual(names("all"), every)
+    self.assertEqual(names("kernels"), kernels)
+    self.assertIn("projection/kernel", kernels)
+    self.assertEqual(names("convolutions"),
+                     {p for p in kernels if p != "projection/kernel"})
+
+  def test_bias_lr_factor_scales_the_scalars_steps(self):
+    # One SGD step (no momentum history) from the Fixup preset's settings:
+    # each scalar moves by -lr/10 times its gradient, a kernel by -lr times.
+    config = configs.override(
+        configs.PRESETS["fixup_cifar"], dataset="synthetic", width=0.125,
+        units=(1,), batch_size=8, weight_decay=0.0, train_steps=10,
+        lr_boundaries=(5, 8))
+    run = trainer.resolve(config, None, tf.distribute.get_strategy(),
+                          info=_synthetic_info())
+    strategy = tf.distribute.get_strategy()
+    net = checkpoints.build_model(run)
+    # Non-zero weights everywhere, so that every gradient is non-zero.
+    rng = np.random.default_rng(0)
+    for w in net.trainable_weights:
+      w.assign(0.1 * rng.standard_normal(w.shape).astype(np.float32))
+    optimizer = trainer.build_optimizer(run)
+    optimizer.build(net.trainable_variables)
+    images, labels = _images(8), np.arange(8, dtype=np.int32) % 10
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+          labels, net(images), from_logits=True))
+    grads = tape.gradient(loss, net.trainable_variables)
+    before = [w.numpy() for w in net.trainable_variables]
+    _one_step(strategy, net, optimizer, config, images, labels)
+    for w, b, g in zip(net.trainable_variables, before, grads):
+      factor = 0.1 if len(w.shape) <= 1 else 1.0
+      np.testing.assert_allclose(w.numpy() - b, -0.1 * factor * g.numpy(),
+                                 rtol=2e-3, atol=1e-7, err_msg=w.path)
+
+  def test_presets_cite_recipes_and_scale_with_the_study(self):
+    fixup_run = study.run_config(
+        study.configs.STUDIES["normfree"].arms[0], 0, dataset="synthetic",
+        epochs=10, num_train_examples=6400)
+    # 500 steps; Fixup's drops at 1/2 and 3/4 of its 200 epochs.
+    self.assertEqual(fixup_run.train_steps, 500)
+    self.assertEqual(fixup_run.lr_boundaries, (250, 375))
+    self.assertTrue(fixup_run.eval_train_at_end)
+    nf = study.run_config(
+        next(a for a in study.configs.STUDIES["normfree"].arms
+             if a.name == "nf_resnet"), 0, dataset="synthetic", epochs=9,
+        num_train_examples=6400)
+    # A 5-epoch warm-up of 90 keeps its share: 450 * 5 / 90 = 25 steps.
+    self.assertEqual(nf.warmup_steps, 25)
+    self.assertEqual(nf.agc_clip, configs.NF_RESNET_AGC)
+    self.assertTrue(nf.nesterov)
+
+
+def _synthetic_info():
+  return tfds_data.dataset_info("synthetic")
+
+
+def _one_step(strategy, net, optimizer, config, images, labels):
+  train_steps = step_lib.make_train_step(strategy, net, optimizer, config)
+  dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+  return train_steps(iter(strategy.experimental_distribute_dataset(dataset)),
+                     tf.constant(1))
+
+
+class TrainResumeExportTest(absltest.TestCase):
+
+  def test_each_preset_trains_resumes_restores_and_exports(self):
+    for preset in ("fixup_cifar", "skipinit_cifar", "nf_resnet_cifar"):
+      with self.subTest(preset):
+        model_dir = self.create_tempdir().full_path
+        config = configs.override(
+            configs.PRESETS[preset], dataset="synthetic", width=0.125,
+            units=(1,), batch_size=16, train_steps=4, warmup_steps=0,
+            lr_boundaries=(), checkpoint_steps=2, log_steps=2,
+            steps_per_loop=2, num_train_examples=48, num_eval_examples=32,
+            eval_train_at_end=True)
+        lines = []
+        first = trainer.train(config, model_dir, echo=lines.append)
+        self.assertEqual(first["step"], 4)
+        self.assertTrue(np.isfinite(first["train_loss"]))
+        # The whole training set once: its 48 images, not a batch's worth.
+        self.assertEqual(first["train_eval"]["examples"], 48)
+        resumed = trainer.train(dataclasses.replace(config, train_steps=6),
+                                model_dir, echo=lines.append)
+        self.assertIn("resumed from", "\n".join(lines))
+        self.assertEqual(resumed["step"], 6)
+        records = metrics.read(model_dir)
+        starts = [r["step"] for r in records if "start" in r]
+        self.assertEqual(starts, [0, 4])  # The second run began at step 4.
+        model, run, step = checkpoints.restore_model(model_dir)
+        self.assertEqual(run.preprocessing["image_size"], 32)
+        self.assertEqual((step, run.config.model), (6, config.model))
+        export_dir = os.path.join(model_dir, "export")
+        _, version_dir, info = export.export_run(model_dir, export_dir)
+        self.assertEqual(info["model"]["name"], config.model)
+        served = tf.saved_model.load(version_dir)
+        raw = np.random.default_rng(1).integers(
+            0, 256, (2, 32, 32, 3)).astype(np.float32)
+        out = served.signatures[contract.DEFAULT_SIGNATURE](
+            **{contract.INPUT_KEY: tf.constant(raw)})
+        # The restored network on the same pixels, standardised here.
+        logits = model(_standardised(raw, run.preprocessing)).numpy()
+        expected = np.exp(logits - logits.max(axis=1, keepdims=True))
+        expected /= expected.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(out[contract.PROBABILITIES_KEY].numpy(),
+                                   expected, rtol=1e-4, atol=1e-6)
+
+
+def _standardised(raw, preprocessing):
+  """RAW 0-255 pixels [n, H, W, 3] as evaluation standardises them, in
+  NumPy: per image, or with the dataset's mean and deviation."""
+  if preprocessing["standardize"] == "per_image":
+    mean = raw.mean(axis=(1, 2, 3), keepdims=True)
+    std = np.maximum(raw.std(axis=(1, 2, 3), keepdims=True),
+                     1 / math.sqrt(raw[0].size))
+    return ((raw - mean) / std).astype(np.float32)
+  return ((raw - np.array(preprocessing["mean"]))
+          / np.array(preprocessing["std"])).astype(np.float32)
+
+
+if __name__ == "__main__":
+  absltest.main()
