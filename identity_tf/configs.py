@@ -419,6 +419,10 @@ STUDIES = {
             Arm("skipinit", "skipinit_cifar",
                 description="SkipInit (De & Smith, 2020): batch norm's "
                             "recipe, a zero gain per branch"),
+            Arm("skipinit_warmup", "skipinit_cifar",
+                (("warmup_steps", 469),), seeds=(0, 1, 2),
+                description="SkipInit with the rate warmed up over 469 "
+                            "steps"),
             Arm("nf_resnet", "nf_resnet_cifar", seeds=(0, 1, 2),
                 description="NF-ResNet (Brock et al., 2021) with AGC"),
             Arm("paper", "cifar10_paper", seeds=(0, 1, 2),
