@@ -176,6 +176,30 @@ class NFResNetTest(absltest.TestCase):
     np.testing.assert_array_equal(head.bias.numpy(), 0.0)
 
 
+class PeersTest(absltest.TestCase):
+
+  def test_keras_files_and_bfloat16_compute(self):
+    # Random weights everywhere (the initial zeros would hide a weight that
+    # a .keras file drops); bfloat16 within its rounding of float32.
+    x = _images(2)
+    for name in ("fixup", "skipinit", "nf_resnet"):
+      with self.subTest(name):
+        nets = [model_lib.build_model(name, width=0.125, units=1, classes=10,
+                                      seed=2, precision=precision)
+                for precision in ("float32", "mixed_bfloat16")]
+        for net in nets:
+          rng = np.random.default_rng(1)
+          for w in net.trainable_weights:
+            w.assign(0.1 * rng.standard_normal(w.shape).astype(np.float32))
+        path = os.path.join(self.create_tempdir().full_path, "m.keras")
+        nets[0].save(path)
+        loaded = keras.models.load_model(path)
+        np.testing.assert_array_equal(loaded(x).numpy(), nets[0](x).numpy())
+        reference = nets[0](x).numpy()
+        np.testing.assert_allclose(nets[1](x).numpy(), reference,
+                                   atol=0.02 * np.abs(reference).max())
+
+
 class GainTest(absltest.TestCase):
 
   def test_gain_starts_at_one_and_scales_the_branch(self):

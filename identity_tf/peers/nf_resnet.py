@@ -67,6 +67,21 @@ class ScaledWSConv2D(keras.layers.Conv2D):
     scale = ops.rsqrt(ops.maximum(var * fan_in, WS_EPSILON)) * self.gain
     return (kernel - mean) * scale
 
+  # Conv2D saves its kernel and bias by position only: the gain goes last.
+  def _own_variables(self):
+    return [self._kernel] + ([self.bias] if self.use_bias else []) + [
+        self.gain]
+
+  def save_own_variables(self, store):
+    if self.built:
+      for i, variable in enumerate(self._own_variables()):
+        store[str(i)] = variable
+
+  def load_own_variables(self, store):
+    if self.built:
+      for i, variable in enumerate(self._own_variables()):
+        variable.assign(store[str(i)])
+
   def convolution_op(self, inputs, kernel):
     del kernel  # The standardised one, from the float32 weights.
     return super().convolution_op(
