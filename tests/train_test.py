@@ -415,11 +415,12 @@ class DiagnosticsTest(absltest.TestCase):
     out = step_lib.make_train_step(strategy, model, optimizer, config)(
         iterator, tf.constant(1))
     self.assertEqual(diagnostics.watched_activations(model), list(outputs))
-    peaks = out["peaks"].numpy()
-    np.testing.assert_allclose(peaks[[0, *range(2, 7)]], [norm, *rms],
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        [out["grad_norm"].numpy(),
+         *(out["activation_rms"][name].numpy() for name in outputs)],
+        [norm, *rms], rtol=1e-4)
     # ||w_new - w_old|| loses digits to cancellation in float32.
-    np.testing.assert_allclose(peaks[1], ratio, rtol=2e-3)
+    np.testing.assert_allclose(out["update_ratio"].numpy(), ratio, rtol=2e-3)
     np.testing.assert_array_equal(out["first_nonfinite"].numpy(), [-1, -1])
 
   def test_evaluates_every_eval_steps(self):

@@ -16,6 +16,7 @@ began (`diagnostics`).
 """
 
 import datetime
+import functools
 import json
 import os
 import time
@@ -213,8 +214,9 @@ class Trainer:
   def run_steps(self, num_steps):
     """Runs NUM_STEPS steps; returns `step.make_train_step`'s dict as NumPy."""
     if self._coordinator is None:
-      return {k: v.numpy() for k, v in self._train_steps(
-          self.iterator, tf.constant(num_steps)).items()}
+      return tf.nest.map_structure(lambda value: value.numpy(),
+                                   self._train_steps(self.iterator,
+                                                     tf.constant(num_steps)))
     # Asynchronous: closures of at most steps_per_loop steps on whichever
     # worker is free; each step updates the parameter servers on its own.
     results, remaining = [], num_steps
@@ -269,13 +271,10 @@ class Trainer:
 
 
 def merge_outputs(outputs):
-  """One `make_train_step` dict of the closures of a parameter-server call:
-  sums added, peaks the largest, the first non-finite step the earliest."""
-  bad = [o["first_nonfinite"] for o in outputs if o["first_nonfinite"][0] >= 0]
-  return {"sums": np.sum([o["sums"] for o in outputs], axis=0),
-          "peaks": np.max([o["peaks"] for o in outputs], axis=0),
-          "first_nonfinite": (min(bad, key=lambda b: b[0]) if bad
-                              else np.array([-1, -1]))}
+  """One `make_train_step` dict of the closures of a parameter-server call
+  (NumPy): each value combined as `step.VALUES` says, the first non-finite
+  step the earliest (`step.merge`)."""
+  return functools.reduce(lambda a, b: step_lib.merge(a, b, np), outputs)
 
 
 def resolve(config, model_dir, strategy, *, data_dir=None, info=None):
