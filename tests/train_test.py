@@ -369,6 +369,14 @@ class TrainingTest(absltest.TestCase):
       trainer.train(configs.override(config, train_steps=30), model_dir,
                   echo=lambda line: None, dataset_fn=corrupted_after_step_12)
     self.assertEqual(caught.exception.step, 13)
+    # metrics.jsonl says how the run ended: each session's end, and where.
+    ends = [{k: r[k] for k in r if k != "time"} for r in metrics.read(model_dir)
+            if "done" in r or "diverged" in r]
+    self.assertEqual(ends[0], {"step": 10, "done": True})
+    self.assertEqual((ends[1]["diverged"], ends[1]["nan_step"]), (True, 13))
+    # The stop comes at the end of the call that met it.
+    self.assertBetween(ends[1]["step"], 13, 30)
+    self.assertLen(ends, 2)
     latest = tf.train.latest_checkpoint(model_dir)
     self.assertEqual(checkpoints.checkpoint_step(latest), 10)
     for value in _checkpoint_tensors(latest).values():
@@ -574,27 +582,37 @@ class InterruptionTest(testing.ProcessTestCase):
   def test_a_stop_on_an_evaluation_step_evaluates_on_resuming(self):
     # SIGTERM during the steps up to an evaluation step stops there with a
     # checkpoint and no evaluation; the resumed run must make it up, once.
+    # What was evaluated is the checkpoint's to say, not metrics.jsonl's:
+    # it is deleted before each resume.
     model_dir = os.path.join(self.root, "stopped_at_evaluation")
     settings = dict(TINY, units="1", log_steps=10, eval_steps=10,
                     num_eval_examples=32, eval_batch_size=16)
+    path = os.path.join(model_dir, metrics.METRICS_FILE)
 
     def terminate_at_step_10(line):
       record = json.loads(line) if line.startswith("{") else {}
       if record.get("step") == 10 and "train_steps" in record:
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def evaluated():
+      return [r["step"] for r in metrics.read(model_dir) if "eval" in r]
+
     config = configs.resolve(**settings, train_steps=20)
     with self.assertRaisesRegex(preemption.PreemptedError, "at step 10;"):
       trainer.train(config, model_dir, echo=terminate_at_step_10)
-    self.assertEqual(metrics.evaluated_steps(metrics.read(model_dir)), set())
+    self.assertEqual(evaluated(), [])
+    os.remove(path)
     trainer.train(config, model_dir, echo=lambda line: None)
+    self.assertEqual(evaluated(), [10, 20])
     # A run resumed where it had evaluated (here the end, step 20) does not
     # evaluate that step again.
+    os.remove(path)
     trainer.train(configs.resolve(**settings, train_steps=30), model_dir,
                   echo=lambda line: None)
-    steps = [record["step"] for record in metrics.read(model_dir)
-             if "eval" in record]
-    self.assertEqual(steps, [10, 20, 30])
+    self.assertEqual(evaluated(), [30])
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+    self.assertEqual(reader.get_tensor(
+        f"{trainer.LAST_EVALUATED}/.ATTRIBUTES/VARIABLE_VALUE"), 30)
 
   def test_sigterm_writes_a_checkpoint_and_evaluate_watches(self):
     # In this process, to save a TensorFlow start-up: SIGTERM arrives right

@@ -1,12 +1,15 @@
 """A run's metrics: one writer, and what reads them back.
 
 Every record of a run -- a window of training steps, an evaluation -- is
-written once, by `MetricsWriter`, and goes three ways: one JSON progress
-line (to the run's echo: bin/train's stderr), one line of
-MODEL_DIR/metrics.jsonl (the same object with the wall-clock time), and
+written once, by `MetricsWriter`, and goes three ways: one line of
+MODEL_DIR/metrics.jsonl (the record with the wall-clock time), the same
+JSON object as a progress line (to the run's echo: bin/train's stderr), and
 TensorBoard scalars in MODEL_DIR/train and MODEL_DIR/eval, through writers
-that stay open for the run. Programs read metrics.jsonl (`read`) or the
-event files (`read_scalars`), never the progress text.
+that stay open for the run. metrics.jsonl is the run's one record: how
+each session started and ended ("start", "stopped", "diverged", "done"),
+every progress and evaluation record; programs read it (`read`, and the
+readers below), never the progress text or the event files
+(`read_scalars` is for a person checking what TensorBoard shows).
 """
 
 import json
@@ -71,6 +74,19 @@ class MetricsWriter:
     if self._enabled:
       self._append({"step": step, "start": True,
                     **({"machine": machine} if machine else {})})
+
+  def diverged(self, step, nan_step):
+    """Marks the end of a session stopped at STEP because the loss became
+    NaN or infinite (first at NAN_STEP) in metrics.jsonl: the run is
+    finished, and how (`status`)."""
+    if self._enabled:
+      self._append({"step": step, "diverged": True, "nan_step": nan_step})
+
+  def done(self, step):
+    """Marks the end of a session that reached the run's last step, STEP,
+    and made its final evaluations, in metrics.jsonl (`status`)."""
+    if self._enabled:
+      self._append({"step": step, "done": True})
 
   def stopped(self, step, signal_name):
     """Marks the end of a session stopped by SIGNAL_NAME (SIGTERM, SIGINT)
@@ -196,11 +212,50 @@ def wall_seconds(records):
   return max(elapsed) if elapsed else 0.0
 
 
-def evaluated_steps(records):
-  """The steps at which training evaluated, in RECORDS (`read`'s);
-  //bin:evaluate's records do not count."""
-  return {record["step"] for record in records
-          if "eval" in record and not _from_evaluate(record)}
+# The records that begin or end a session of training, and their status.
+_SESSION_MARKS = {"start": "started", "stopped": "stopped",
+                  "diverged": "diverged", "done": "done"}
+
+
+def status(records):
+  """How the run of RECORDS (`read`'s) stands: {"status", "nan_step"}.
+
+  "done" or "diverged" (with its "nan_step", the first step whose loss was
+  not finite) when its last session ended so; "stopped" when a signal
+  stopped it; "started" when it began and has not ended (running, or
+  killed); None without any session.
+  """
+  found = None
+  for record in records:
+    for key, name in _SESSION_MARKS.items():
+      if record.get(key):
+        found = {"status": name, "nan_step": record.get("nan_step")}
+  return found
+
+
+def _curve(records, value):
+  """[[step, VALUE(record)], ...] by step of RECORDS where it is not None,
+  the last record of a step kept (a resumed run writes again the steps
+  after its checkpoint)."""
+  points = {}
+  for record in records:
+    number = value(record)
+    if number is not None:
+      points[record["step"]] = number
+  return [[step, points[step]] for step in sorted(points)]
+
+
+def training_loss_curve(records):
+  """The training loss of each progress record of RECORDS, by step."""
+  return _curve(records, lambda r: r["loss"] if "train_steps" in r else None)
+
+
+def evaluation_curve(records, name="top1"):
+  """Score NAME of each of training's evaluations in RECORDS, by step
+  (//bin:evaluate's records do not count: they may be of another
+  dataset)."""
+  return _curve(records, lambda r: None if _from_evaluate(r)
+                else r.get("eval", {}).get(name))
 
 
 def time_to_levels(records, levels):

@@ -39,6 +39,9 @@ from identity_tf.training import preemption
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
 
+# The checkpoint's name of `Trainer.last_evaluated_step`.
+LAST_EVALUATED = "last_evaluated_step"
+
 
 def build_optimizer(run):
   """RUN's optimizer: SGD with momentum at the run's schedule, with Keras's
@@ -79,6 +82,12 @@ class Trainer:
     task_type, task_id = distribute.cluster_task()
     self.checkpoint_dir = run.model_dir if chief else os.path.join(
         run.model_dir, f".{task_type}{task_id}_tmp")
+    # The step of the last evaluation made before a checkpoint was written,
+    # saved in it: on resuming, whether the checkpoint's step still needs
+    # its evaluation (`_loop`). -1: none (or a checkpoint from before it was
+    # saved).
+    self.last_evaluated_step = tf.Variable(-1, dtype=tf.int64,
+                                           trainable=False)
     self.iterator = self.manager = self._evaluator = None
 
   @property
@@ -134,10 +143,13 @@ class Trainer:
       fn = self._input_fn(seed, start_step=skip_steps)
     return iter(strategy.distribute_datasets_from_function(fn))
 
-  def _checkpoint(self):
-    """The run's checkpoint: model, optimizer and, where tf.data can save it
-    (one replica per process), the input iterator."""
+  def _checkpoint(self, evaluated=True):
+    """The run's checkpoint: model, optimizer, with EVALUATED the step of
+    the last evaluation and, where tf.data can save it (one replica per
+    process), the input iterator."""
     trackables = dict(model=self.model, optimizer=self.optimizer)
+    if evaluated:
+      trackables[LAST_EVALUATED] = self.last_evaluated_step
     if isinstance(self.iterator, tf.data.Iterator):
       trackables["iterator"] = self.iterator
     return tf.train.Checkpoint(**trackables)
@@ -156,6 +168,12 @@ class Trainer:
       self.iterator = self._make_iterator(checkpoints.checkpoint_step(path))
       tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
           path).expect_partial().assert_existing_objects_matched()
+    if path is not None:
+      # Apart, and without the assertion: a checkpoint written before the
+      # step was saved has none, and the variable keeps -1 (`_loop` then
+      # evaluates the step if it is an evaluation step).
+      tf.train.Checkpoint(**{LAST_EVALUATED: self.last_evaluated_step}).read(
+          path).expect_partial()
     if path is not None and not isinstance(
         self.optimizer._learning_rate,  # pylint: disable=protected-access
         keras.optimizers.schedules.LearningRateSchedule):
@@ -178,7 +196,7 @@ class Trainer:
       # expect_partial: when the iterator does not fit, the values left
       # unrestored are not worth TensorFlow's warning -- the fallback below
       # restores model and optimizer again and says why.
-      self._checkpoint().restore(path).expect_partial(
+      self._checkpoint(evaluated=False).restore(path).expect_partial(
       ).assert_existing_objects_matched()
       return True
     except tf.errors.DataLossError as e:
@@ -395,6 +413,10 @@ def _train(trainer, echo):
       except preemption.PreemptedError:
         writer.stopped(trainer.step, stop.signal)
         raise
+      except diagnostics.NonFiniteLossError as e:
+        writer.diverged(trainer.step, e.step)
+        raise
+    writer.done(result["step"])
   trainer.finish()
   return result
 
@@ -429,14 +451,14 @@ def _loop(trainer, writer, stop, echo):
        f"{config.train_steps} steps, global batch {config.batch_size}, "
        f"{trainer.strategy.num_replicas_in_sync} replica(s) "
        f"({config.strategy}); model_dir {run.model_dir}")
-  evaluated_at, logged_at = None, step
+  logged_at = step
   if (trainer.chief and config.eval_steps and step > 0
       and step % config.eval_steps == 0
-      and step not in metrics.evaluated_steps(metrics.read(run.model_dir))):
+      and int(trainer.last_evaluated_step.numpy()) < step):
     # The stop (SIGTERM or a kill) came on an evaluation step, after its
     # checkpoint and before its evaluation: without this one the curve and
     # the time to each accuracy would skip an epoch.
-    result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
+    result["eval"] = _evaluate(trainer, writer, step)
   # The length of a call: one step first (tracing included, its pace is
   # unknown), then what ends within preemption.CALL_SECONDS at the last
   # call's pace, so that SIGTERM is honoured within about that (or a step).
@@ -469,24 +491,39 @@ def _loop(trainer, writer, stop, echo):
                     train_window=step - logged_at)
       logged_at = step
     stop.check(step, trainer.save)
-    if step % config.checkpoint_steps == 0 or last:
+    if last:
+      break  # `_finish`: the evaluations, then the checkpoint.
+    if step % config.checkpoint_steps == 0:
       echo(f"saved checkpoint {trainer.save(step)}")
-    if trainer.chief and config.eval_steps and (
-        step % config.eval_steps == 0 or last):
-      result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
+    if trainer.chief and config.eval_steps and step % config.eval_steps == 0:
+      result["eval"] = _evaluate(trainer, writer, step)
   result["step"] = step
-  if config.eval_at_end and trainer.chief and evaluated_at != step:
+  return _finish(trainer, writer, result, echo)
+
+
+def _finish(trainer, writer, result, echo):
+  """The end of a run at RESULT["step"]: its evaluations (the chief), then
+  its last checkpoint, which so records them -- a run continued from it
+  with more --train_steps does not evaluate its step again, and a kill
+  during them leaves the previous checkpoint, from which the run replays
+  its last steps and evaluates. Returns RESULT, completed."""
+  config, step = trainer.config, result["step"]
+  if trainer.chief and (config.eval_steps or config.eval_at_end) and (
+      int(trainer.last_evaluated_step.numpy()) != step):
     result["eval"] = _evaluate(trainer, writer, step)
   if config.eval_train_at_end and trainer.chief:
     result["train_eval"] = trainer.evaluate_training_set()
     writer.training_set_evaluation(step, result["train_eval"])
+  echo(f"saved checkpoint {trainer.save(step)}")
   return result
 
 
 def _evaluate(trainer, writer, step):
-  """The evaluation of TRAINER's current weights, recorded at STEP."""
+  """The evaluation of TRAINER's current weights, recorded at STEP (and in
+  the checkpoints written from now on)."""
   scores = trainer.evaluate()
   writer.evaluation(step, scores)
+  trainer.last_evaluated_step.assign(step)
   return scores
 
 
