@@ -264,16 +264,30 @@ class TrainingTest(absltest.TestCase):
     self.assertGreater(eval_top1, 0.3)
     self.assertEqual(checkpoints.checkpoint_step(tf.train.latest_checkpoint(
         model_dir)), 200)
-    # Progress lines (stderr: results alone go to stdout) are JSON objects
-    # with what shows a divergence coming.
+    # Progress lines (stderr: results alone go to stdout) are one compact
+    # line each; metrics.jsonl has the records whole, with what shows a
+    # divergence coming.
     self.assertEqual(lines[0], done[0])
-    progress = [json.loads(line) for line in result.stderr.splitlines()
-                if line.startswith('{"step"') and '"eval"' not in line]
+    errors = result.stderr.splitlines()
+    progress = [r for r in metrics.read(model_dir) if "train_steps" in r]
     self.assertEqual([p["step"] for p in progress], list(range(50, 201, 50)))
+    shown = [line for line in errors if re.match(r"step \d+/200: ", line)]
+    self.assertEqual(shown, [
+        f"step {p['step']}/200: loss {p['loss']:.4g}, top-1 "
+        f"{100 * p['top1']:.2f} %, lr {p['lr']:.4g}, "
+        f"{p['images_per_second']:.0f} images/s, ETA {p['eta']}"
+        for p in progress])  # A healthy run: no diagnostics shown.
     self.assertEqual(list(progress[-1]["activation_rms"]),
                      ["stem", "stage1", "stage2", "stage3", "logits"])
     self.assertGreater(progress[-1]["grad_norm"], 0)
     self.assertGreater(progress[-1]["update_ratio"], 0)
+    # Where the configuration is, not the configuration; and none of
+    # TensorFlow's C++ start-up lines.
+    self.assertIn(f"configuration: {model_dir}/config.json", errors)
+    self.assertFalse([line for line in errors if line.startswith("{")])
+    for noise in ("oneDNN", "cuInit", "cpu_feature_guard", "cudart_stub",
+                  "absl::InitializeLog"):
+      self.assertNotIn(noise, result.stderr)
     scalars = metrics.read_scalars(os.path.join(model_dir, "train"))
     for name in ("loss", "top1", "learning_rate", "images_per_second",
                  "residual_branch_norm/stage1", "residual_branch_norm/stage2",
@@ -439,8 +453,8 @@ class DiagnosticsTest(absltest.TestCase):
         checkpoint_steps=10, log_steps=5, steps_per_loop=5,
         num_eval_examples=64)
     result = trainer.train(config, model_dir, echo=lines.append)
-    evaluations = [json.loads(line) for line in lines if '"eval"' in line]
-    self.assertEqual([e["step"] for e in evaluations], [4, 8, 10])
+    evaluations = [line for line in lines if " eval: " in line]
+    self.assertEqual([int(e.split()[1]) for e in evaluations], [4, 8, 10])
     scalars = metrics.read_scalars(os.path.join(model_dir, "eval"))
     self.assertEqual([step for step, _ in scalars["top1"]], [4, 8, 10])
     self.assertEqual(result["eval"]["examples"], 64)
@@ -590,8 +604,7 @@ class InterruptionTest(testing.ProcessTestCase):
     path = os.path.join(model_dir, metrics.METRICS_FILE)
 
     def terminate_at_step_10(line):
-      record = json.loads(line) if line.startswith("{") else {}
-      if record.get("step") == 10 and "train_steps" in record:
+      if line.startswith("step 10/"):
         os.kill(os.getpid(), signal.SIGTERM)
 
     def evaluated():

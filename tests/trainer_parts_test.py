@@ -1,6 +1,6 @@
 """The parts of the training loop that a whole training cannot reach
 cheaply: the merge of the step's named outputs (over steps and
-parameter-server closures), a progress
+parameter-server closures), the progress line a person reads, a progress
 line's speed around an evaluation, and the save that fails half-way (a full
 disk)."""
 
@@ -17,6 +17,7 @@ from identity_tf import configs
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
 from identity_tf.training import diagnostics
+from identity_tf.training import metrics
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
 from identity_tf.training import trainer
@@ -179,6 +180,63 @@ class WindowTest(absltest.TestCase):
     self.assertAlmostEqual(record["loss"], 100 / 12800, places=5)
     # A new window starts empty.
     self.assertEqual(window.seconds, 0.0)
+
+
+def _record(step=500, grad_norm=1.5, rms=2.0, **extra):
+  """A progress record as `diagnostics.Window.record` makes them."""
+  return {"step": step, "train_steps": 4500, "loss": 0.1234, "top1": 0.9666,
+          "lr": 0.1, "images_per_second": 1234.4, "eta": "0:20:00",
+          "grad_norm": grad_norm, "update_ratio": 0.0012,
+          "activation_rms": {"stage1": rms, "logits": 3.5}, **extra}
+
+
+class ProgressLineTest(absltest.TestCase):
+  """The terminal's line: compact, with the divergence diagnostics only
+  when they are abnormal or asked for; metrics.jsonl keeps every field."""
+
+  def test_a_progress_line_is_one_line_with_its_fields(self):
+    line = metrics.progress_line(_record())
+    self.assertEqual(line, "step 500/4500: loss 0.1234, top-1 96.66 %, "
+                           "lr 0.1, 1234 images/s, ETA 0:20:00")
+    verbose = metrics.progress_line(_record(loss_scale=32768.0), True)
+    self.assertNotIn("\n", verbose)
+    self.assertTrue(verbose.startswith(line + "; "))
+    for part in ("grad norm 1.5", "update ratio 0.0012",
+                 "activation RMS stage1 2, logits 3.5", "loss scale 32768"):
+      self.assertIn(part, verbose)
+
+  def test_an_evaluation_line(self):
+    record = {"step": 500, "eval": {"loss": 0.0404, "top1": 0.9855,
+                                    "top5": 1.0, "examples": 2000}}
+    self.assertEqual(metrics.progress_line(record),
+                     "step 500 eval: top-1 98.55 %, top-5 100.00 %, "
+                     "loss 0.0404 (2000 examples)")
+
+  def test_diagnostics_are_shown_when_abnormal_or_verbose(self):
+    model_dir = self.create_tempdir().full_path
+    records = [_record(step=s, grad_norm=g, rms=r) for s, g, r in (
+        (10, 1.0, 2.0), (20, 3.0, 2.0), (30, 2.0, 2.0),
+        # Above 1000 times the median so far (2.0); then an activation RMS
+        # above 100; then NaN; then normal again.
+        (40, 2500.0, 2.0), (50, 2.0, 150.0), (60, float("nan"), 2.0),
+        (70, 2.5, 2.0))]
+    for verbose in (False, True):
+      lines = []
+      signs = diagnostics.AbnormalSigns()
+      with metrics.MetricsWriter(model_dir, lines.append,
+                                 verbose=verbose) as writer:
+        for record in records:
+          writer.train(dict(record), {}, abnormal=signs.check(record))
+      shown = [r["step"] for r, line in zip(records, lines)
+               if "grad norm" in line]
+      self.assertEqual(shown, [10, 20, 30, 40, 50, 60, 70] if verbose
+                       else [40, 50, 60])
+    # metrics.jsonl has every field of every record, each time.
+    written = metrics.read(model_dir)
+    self.assertLen(written, 2 * len(records))
+    for record, line in zip(records + records, written):
+      self.assertEqual({k: v for k, v in line.items() if k != "time"}.keys(),
+                       record.keys())
 
 
 class FailedSaveTest(absltest.TestCase):

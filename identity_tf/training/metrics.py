@@ -2,8 +2,8 @@
 
 Every record of a run -- a window of training steps, an evaluation -- is
 written once, by `MetricsWriter`, and goes three ways: one line of
-MODEL_DIR/metrics.jsonl (the record with the wall-clock time), the same
-JSON object as a progress line (to the run's echo: bin/train's stderr), and
+MODEL_DIR/metrics.jsonl (the record with the wall-clock time), a progress
+line a person reads (to the run's echo: bin/train's stderr), and
 TensorBoard scalars in MODEL_DIR/train and MODEL_DIR/eval, through writers
 that stay open for the run. metrics.jsonl is the run's one record: how
 each session started and ended ("start", "stopped", "diverged", "done"),
@@ -36,12 +36,14 @@ class MetricsWriter:
   """Writes a run's records: progress line, metrics.jsonl, TensorBoard.
 
   ENABLED False (a worker that is not the chief) writes nothing but the
-  progress lines. Use as a context manager, or call `close`.
+  progress lines (`progress_line`; VERBOSE: each with its divergence
+  diagnostics). Use as a context manager, or call `close`.
   """
 
-  def __init__(self, model_dir, echo=None, enabled=True):
+  def __init__(self, model_dir, echo=None, enabled=True, verbose=False):
     self._echo = echo
     self._enabled = enabled
+    self._verbose = verbose
     self._path = os.path.join(model_dir, METRICS_FILE)
     self._writers = {}
     self._model_dir = model_dir
@@ -53,9 +55,9 @@ class MetricsWriter:
           os.path.join(self._model_dir, kind))
     return self._writers[kind]
 
-  def _write(self, record, kind, scalars, step):
+  def _write(self, record, kind, scalars, step, abnormal=False):
     if self._echo:
-      self._echo(json.dumps(record))
+      self._echo(progress_line(record, self._verbose or abnormal))
     if not self._enabled:
       return
     self._append(record)
@@ -108,10 +110,12 @@ class MetricsWriter:
     with tf.io.gfile.GFile(self._path, "a") as f:
       f.write(line)
 
-  def train(self, record, scalars):
-    """RECORD (a progress line's object, with "step") of a window of
-    training steps, and its TensorBoard SCALARS ({name: number})."""
-    self._write(record, TRAIN_DIR, scalars, record["step"])
+  def train(self, record, scalars, abnormal=False):
+    """RECORD (`diagnostics.Window.record`'s, with "step") of a window of
+    training steps, and its TensorBoard SCALARS ({name: number}); its
+    progress line shows the divergence diagnostics when ABNORMAL
+    (`diagnostics.AbnormalSigns`) or verbose."""
+    self._write(record, TRAIN_DIR, scalars, record["step"], abnormal)
 
   def evaluation(self, step, metrics, **extra):
     """METRICS (`evaluation.make_evaluator`'s dict) of the model at STEP;
@@ -143,6 +147,38 @@ class MetricsWriter:
 
   def __exit__(self, *exc):
     self.close()
+
+
+def progress_line(record, diagnostics=False):
+  """The one line a person reads for RECORD (a training window's, an
+  evaluation's or the training set's; metrics.jsonl keeps every field):
+
+    step 500/4500: loss 0.1234, top-1 96.66 %, lr 0.1, 1234 images/s, ETA 0:20:00
+    step 500 eval: top-1 98.55 %, top-5 100.00 %, loss 0.0404 (2000 examples)
+
+  A training window's line ends with its divergence diagnostics (the peak
+  gradient norm and update ratio, each watched activation's RMS and the
+  loss scale) when DIAGNOSTICS.
+  """
+  for key, name in (("eval", "eval"), (TRAIN_EVAL, "training-set eval")):
+    if key in record:
+      scores = record[key]
+      return (f"step {record['step']} {name}: top-1 "
+              f"{100 * scores['top1']:.2f} %, top-5 "
+              f"{100 * scores['top5']:.2f} %, loss {scores['loss']:.4g} "
+              f"({scores['examples']} examples)")
+  line = (f"step {record['step']}/{record['train_steps']}: loss "
+          f"{record['loss']:.4g}, top-1 {100 * record['top1']:.2f} %, lr "
+          f"{record['lr']:.4g}, {record['images_per_second']:.0f} images/s, "
+          f"ETA {record['eta']}")
+  if diagnostics:
+    rms = ", ".join(f"{name} {value:.3g}"
+                    for name, value in record["activation_rms"].items())
+    line += (f"; grad norm {record['grad_norm']:.3g}, update ratio "
+             f"{record['update_ratio']:.3g}, activation RMS {rms}")
+    if "loss_scale" in record:
+      line += f", loss scale {record['loss_scale']:g}"
+  return line
 
 
 def _cut_short(path):

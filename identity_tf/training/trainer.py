@@ -310,7 +310,7 @@ def resolve(config, model_dir, strategy, *, data_dir=None, info=None):
 
 
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
-          cluster_timeout=600.0, echo=print, dataset_fn=None):
+          cluster_timeout=600.0, echo=print, dataset_fn=None, verbose=False):
   """Trains CONFIG in MODEL_DIR, resuming from its latest checkpoint.
 
   Args:
@@ -323,18 +323,22 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     cluster_timeout: seconds a multi-worker cluster may take to form
       (`create_strategy`).
     echo: receives the progress lines (print by default).
+    verbose: ECHO receives the whole configuration, and every progress line
+      its divergence diagnostics (otherwise only abnormal ones:
+      `diagnostics.AbnormalSigns`).
     dataset_fn: replaces the input pipeline (experiments on data of your
       own): input_context -> tf.data.Dataset of per-replica (images, labels)
       batches, repeated forever; it must be deterministic in its position
       for exact resumes under several replicas.
 
-  Progress: every config.log_steps steps ECHO receives one JSON object:
-  step, loss and top-1 over the last steps, learning rate, images/s, and
-  what shows a divergence coming -- the largest global gradient norm, the
-  largest update/weight ratio and the largest RMS of each stage's
-  activations over those steps (`step.make_train_step`); every
-  config.eval_steps steps, and at the end, one with the evaluation. The same
-  records go to MODEL_DIR/metrics.jsonl and TensorBoard (`metrics`).
+  Progress: every config.log_steps steps one record: step, loss and top-1
+  over the last steps, learning rate, images/s, and what shows a
+  divergence coming -- the largest global gradient norm, the largest
+  update/weight ratio and the largest RMS of each stage's activations over
+  those steps (`step.make_train_step`); every config.eval_steps steps, and
+  at the end, one with the evaluation. Each goes to MODEL_DIR/metrics.jsonl
+  whole, to TensorBoard, and to ECHO as one line a person reads
+  (`metrics.progress_line`).
 
   Returns:
     {"step", "train_loss", "train_top1" (last logged window), "train_window"
@@ -373,14 +377,14 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
   if not distribute.is_chief():
     return _train(Trainer(run, strategy, chief=False, **trainer_options),
-                  echo)
+                  echo, verbose)
   checkpoints.check_writable(model_dir)
   with checkpoints.lock(model_dir):
     config_file.check_resumable(model_dir, config)
-    return _train(Trainer(run, strategy, **trainer_options), echo)
+    return _train(Trainer(run, strategy, **trainer_options), echo, verbose)
 
 
-def _train(trainer, echo):
+def _train(trainer, echo, verbose):
   """Restores TRAINER's run, writes config.json (the chief) and trains."""
   run = trainer.run
   latest = _restore(trainer, echo)
@@ -399,13 +403,16 @@ def _train(trainer, echo):
   if trainer.chief:
     config_file.record(run.model_dir, run.description(), step)
     # Shown once the run can start: an error before it is one line alone.
-    echo(json.dumps(run.description(model_dir=run.model_dir), indent=2,
-                    sort_keys=True))
+    # The whole of it is a hundred lines, config.json's.
+    echo(f"configuration: {config_file.path(run.model_dir)}")
+    if verbose:
+      echo(json.dumps(run.description(model_dir=run.model_dir), indent=2,
+                      sort_keys=True))
     note = distribute.precision_note(run.config.precision)
     if note:
       echo(note)
-  with metrics.MetricsWriter(run.model_dir, echo,
-                             enabled=trainer.chief) as writer:
+  with metrics.MetricsWriter(run.model_dir, echo, enabled=trainer.chief,
+                             verbose=verbose) as writer:
     writer.start(trainer.step, machine=distribute.machine())
     with preemption.Preemption(trainer.strategy, trainer.manager) as stop:
       try:
@@ -445,6 +452,7 @@ def _loop(trainer, writer, stop, echo):
   config, run = trainer.config, trainer.run
   step = trainer.step
   window = diagnostics.Window(trainer.watched)
+  signs = diagnostics.AbnormalSigns()
   result = {"step": step, "train_loss": None, "train_top1": None,
             "eval": None, "model_dir": run.model_dir, "trained": True}
   echo(f"training {config.model} on {config.dataset} for "
@@ -484,7 +492,8 @@ def _loop(trainer, writer, stop, echo):
                              config.batch_size)
       if trainer.loss_scale is not None:
         record["loss_scale"] = trainer.loss_scale
-      writer.train(record, trainer.scalars(record))
+      writer.train(record, trainer.scalars(record),
+                   abnormal=signs.check(record))
       # The last window may be shorter than log_steps (a run's end, a short
       # run or resume): the summary names the steps it covers.
       result.update(train_loss=record["loss"], train_top1=record["top1"],
