@@ -23,6 +23,15 @@ the suites say so and report identity_tf's figures alone. BENCHMARKS.md has
 the measured figures.
 """
 
+import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 import sys
 
 from absl import app
@@ -103,6 +112,8 @@ flags.register_validator(
     message="--torch_memory_formats takes contiguous and/or channels_last")
 flags.mark_flag_as_required("suite")
 _OWN = set(FLAGS) - _ABSL_FLAGS
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):

@@ -1,7 +1,7 @@
 """Section 5's conjecture (Hardt & Ma, 2017), probed on small instances.
 
   bazel run //bin:conjecture -- --output=conjecture.json --plot=conjecture.png
-  bazel run //bin:conjecture -- --depths=2,4,8 --widths=4,8,16 --seeds=5 \
+  bazel run //bin:conjecture -- --depths=2,4,8 --widths=4,8,16 --seeds=5 \\
       --init_norms=0.001,0.01,0.1 --steps=20000
 
 The paper conjectures that a result like Theorem 2.2 (near the identity, no
@@ -20,8 +20,16 @@ errors go to stderr. Relative paths resolve against the directory
 `bazel run` was started from.
 """
 
-import json
 import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
+import json
 
 from absl import app
 from absl import flags

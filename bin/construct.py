@@ -1,7 +1,7 @@
 """Builds the residual network of Theorem 3.2 that fits a labelled data set.
 
     bazel run //bin:construct -- --data=points.npz --output_dir=out
-    bazel run //bin:construct -- --dataset=fashion_mnist --num_examples=1000 \
+    bazel run //bin:construct -- --dataset=fashion_mnist --num_examples=1000 \\
         --data_dir=DIR --output_dir=out
 
 --data is an .npz with `x` (n, d) float and `y` (n,) integer labels in
@@ -28,6 +28,10 @@ import os
 # multi-threaded OpenBLAS spins for cores other processes hold (10x slower
 # small products, measured).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
@@ -81,6 +85,8 @@ flags.register_multi_flags_validator(
     lambda v: (v["data"] is None) != (v["dataset"] is None),
     message="give exactly one of --data=points.npz or --dataset=NAME "
     "--num_examples=N")
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):

@@ -13,6 +13,15 @@ resnet. Scores also go to MODEL_DIR/eval (TensorBoard) and
 MODEL_DIR/metrics.jsonl. Logs go to stderr.
 """
 
+import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 import json
 
 from absl import app
@@ -47,6 +56,8 @@ flags.register_multi_flags_validator(
                                                  values["checkpoint"]),
     message="--watch evaluates new checkpoints as they appear; it cannot be "
     "combined with --checkpoint")
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):

@@ -1,7 +1,7 @@
 """Exports a trained run as the next version of a TF Serving model.
 
     bazel run //bin:export -- --model_dir=runs/smoke --export_dir=serving/smoke
-    bazel run //bin:export -- --model_dir=runs/c10 --checkpoint=50000 \
+    bazel run //bin:export -- --model_dir=runs/c10 --checkpoint=50000 \\
         --export_dir=serving/c10 --version=7 --overwrite
 
 Writes EXPORT_DIR/<version>/ (a SavedModel with the signatures
@@ -12,6 +12,13 @@ docs/serving.md.
 """
 
 import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import app
 from absl import flags
@@ -33,6 +40,8 @@ flags.DEFINE_boolean("overwrite", False,
                      "reload a version it has loaded: roll out new versions "
                      "instead).")
 flags.mark_flag_as_required("export_dir")
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):

@@ -3,8 +3,8 @@
   bazel run //bin:linear_theory -- factorize --R=R.npy --layers=L --output=A.npz
   bazel run //bin:linear_theory -- check --d=D --layers=L --seed=S
   bazel run //bin:linear_theory -- descend --d=D --layers=L --steps=N --plot=F.png
-  bazel run //bin:linear_theory -- landscape --depths=2,4,8 --taus=0.1,0.3,0.5 \
-      --starts=10 --steps=300 [--R=R.npy] [--sigma=S.npy] --output=F.json \
+  bazel run //bin:linear_theory -- landscape --depths=2,4,8 --taus=0.1,0.3,0.5 \\
+      --starts=10 --steps=300 [--R=R.npy] [--sigma=S.npy] --output=F.json \\
       --plot=F.png
 
 factorize: Theorem 2.1 for the d x d float64 matrix in R.npy; writes key `A`
@@ -26,6 +26,13 @@ Relative paths resolve against the directory `bazel run` was started from.
 """
 
 import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import app
 from absl import flags

@@ -18,6 +18,13 @@ image-net.org into DIR/downloads/manual/. See docs/data.md.
 
 import os
 
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 from absl import app
 from absl import flags
 
@@ -32,6 +39,8 @@ flags.DEFINE_string("source_dir", None,
                     "(same names); nothing is downloaded. Default: Debian's "
                     "package directory where one installs them "
                     "(fashion_mnist: /usr/share/datasets/fashion-mnist).")
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):

@@ -1,9 +1,9 @@
 """Asks a TF Serving server for the top-k classes of images or pixel arrays.
 
-    bazel run //bin:serve_client -- --server=localhost:8501 \
+    bazel run //bin:serve_client -- --server=localhost:8501 \\
         --model_name=smoke cat.png dog.jpg
-    bazel run //bin:serve_client -- --server=localhost:8500 --protocol=grpc \
-        --model_name=smoke --model_info=serving/smoke/1/model_info.json \
+    bazel run //bin:serve_client -- --server=localhost:8500 --protocol=grpc \\
+        --model_name=smoke --model_info=serving/smoke/1/model_info.json \\
         batch.npy
 
 Image files (JPEG, PNG) go to the `predict_images` signature as encoded
@@ -11,6 +11,15 @@ bytes; .npy arrays of raw 0-255 pixels ([H, W, 3] or [batch, H, W, 3]) to
 `serving_default`. Prints one line per image: its top-k classes with their
 probabilities. See docs/serving.md.
 """
+
+import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import app
 from absl import flags

@@ -12,6 +12,15 @@ momentum is stable on, 2 (1 + momentum) / learning rate
 the sharpest direction. Progress goes to stderr.
 """
 
+import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 import json
 
 from absl import app
@@ -28,6 +37,8 @@ flags.DEFINE_integer("num_examples", 512, "Training images in the batch.",
                      lower_bound=1)
 flags.DEFINE_integer("iterations", 20, "Power iterations per checkpoint.",
                      lower_bound=1)
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):

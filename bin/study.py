@@ -14,6 +14,15 @@ Progress goes to stderr; the paths of the report to stdout. The studies are
 in identity_tf/configs.py (STUDIES); docs/results.md has the published one.
 """
 
+import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 from absl import app
 from absl import flags
 
@@ -38,6 +47,8 @@ flags.DEFINE_string("output_dir", None, "Where the runs and the report go "
 flags.DEFINE_boolean("report_only", False, "Write the report from the runs "
                      "there are; train nothing.")
 flags.mark_flag_as_required("study")
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):

@@ -8,6 +8,15 @@ count the convolutions and the trainable and non-trainable weights (the frozen
 random projection, plus batch-norm statistics in `resnet_bn`).
 """
 
+import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 from absl import app
 from absl import flags
 

@@ -1,16 +1,26 @@
 """Trains one of the paper's networks; re-running the command resumes it.
 
     bazel run //bin:train -- --preset=smoke
-    bazel run //bin:train -- --preset=cifar10_paper \
+    bazel run //bin:train -- --preset=cifar10_paper \\
         --data_dir=~/tensorflow_datasets
-    bazel run //bin:train -- --preset=cifar10_paper --strategy=mirrored \
+    bazel run //bin:train -- --preset=cifar10_paper --strategy=mirrored \\
         --model_dir=runs/c10 --learning_rate=0.1
 
 A preset (identity_tf/configs.py) gives every hyper-parameter; each flag
-that is set overrides the preset's value. The resolved configuration and the
-progress lines go to stderr and MODEL_DIR/config.json; what the run reached
-and where its files are go to stdout. See docs/training.md.
+that is set overrides the preset's value. The resolved configuration goes to
+MODEL_DIR/config.json (to stderr too with --verbose), one progress line per
+--log_steps to stderr; what the run reached and where its files are go to
+stdout. See docs/training.md.
 """
+
+import os
+
+# TensorFlow's C++ log keeps to errors unless the user chose a level; set
+# before anything imports TensorFlow (`cli.begin` also leaves out its
+# start-up lines).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import app
 from absl import flags
@@ -34,8 +44,15 @@ flags.DEFINE_float("cluster_timeout", 600.0,
 flags.DEFINE_boolean("dry_run", False,
                      "Resolve, check and print the configuration, then exit "
                      "(nothing is written).")
-# One override flag per configs.Config field; unset flags keep the preset's.
-cli.define_config_flags(configs.Config)
+flags.DEFINE_boolean("verbose", False,
+                     "Print the whole configuration, and the divergence "
+                     "diagnostics on every progress line (not only when "
+                     "abnormal); metrics.jsonl has them all anyway.")
+# One override flag per configs.Config field; unset flags keep the preset's
+# (--help shows the default preset's).
+cli.define_config_flags(configs.Config, defaults=configs.PRESETS["smoke"])
+# --help lists the flags this binary takes from cli with its own.
+flags.adopt_module_key_flags(cli)
 
 
 def main(argv):
@@ -50,7 +67,7 @@ def main(argv):
   from identity_tf.training import launch  # pylint: disable=g-import-not-at-top
   launch.train_command(config, model_dir, data_dir=cli.path(FLAGS.data_dir),
                        tpu=FLAGS.tpu, cluster_timeout=FLAGS.cluster_timeout,
-                       dry_run=FLAGS.dry_run)
+                       dry_run=FLAGS.dry_run, verbose=FLAGS.verbose)
 
 
 def run():

@@ -1,15 +1,17 @@
 """What the binaries share: their first steps, their common flags, the paths
 a user types, and how a user runs a binary (for the commands that messages
 suggest). Pure Python and absl: no binary loads TensorFlow before its flags
-are checked."""
+are checked (`begin` then starts it, quietly)."""
 
 import contextlib
 import dataclasses
 import logging as python_logging
 import math
 import os
+import re
 import signal
 import sys
+import tempfile
 
 from absl import flags
 from absl import logging
@@ -21,7 +23,9 @@ def begin(argv, example="--help"):
   """The start of a binary's main(ARGV).
 
   TensorFlow and absl log every checkpoint write and more at INFO: the
-  terminal is kept for progress lines unless --verbosity asks for more. No
+  terminal is kept for progress lines unless --verbosity asks for more, and
+  TensorFlow starts without its C++ start-up lines (once the flags are
+  checked: `start_tensorflow_quietly`). No
   binary takes positional arguments (but those that say so and do not call
   this): one line naming them and how flags look (EXAMPLE), exit status 1.
   """
@@ -35,6 +39,44 @@ def begin(argv, example="--help"):
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
                      f"flags look like {example}")
+  start_tensorflow_quietly()
+
+
+# TensorFlow's C++ start-up lines on a machine without a GPU: oneDNN's and
+# the CUDA stubs' notes, the cuInit failure, cpu_feature_guard's, and the
+# notice that absl's C++ log is not initialised yet. The first two are
+# logged before that initialisation, where TF_CPP_MIN_LOG_LEVEL does not
+# reach them (TensorFlow 2.21).
+_START_UP_LINES = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog|"
+    r"[IWE]\d{4} [\d:. ]+\d+ (port|cudart_stub|cuda_platform|"
+    r"cpu_feature_guard)\.cc:\d+\]|To enable the following instructions)")
+
+
+def start_tensorflow_quietly():
+  """Imports TensorFlow and lists its devices with its C++ start-up lines
+  left out (every other line it writes meanwhile is passed on), unless
+  TF_CPP_MIN_LOG_LEVEL is below 2 (every binary sets it to 2 unless the
+  user set it: bin/*.py): the terminal is for the run's own lines."""
+  if "tensorflow" in sys.modules or os.environ.get(
+      "TF_CPP_MIN_LOG_LEVEL", "0") < "2":
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile("w+") as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.config.list_physical_devices()
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      for line in captured:
+        if not _START_UP_LINES.match(line):
+          sys.stderr.write(line)
+      sys.stderr.flush()
 
 
 def stop_on_signals():
@@ -145,14 +187,20 @@ def define_checkpoint():
       "intact checkpoint in --model_dir).")
 
 
-def define_config_flags(config_class, exclude=("preset",)):
+def define_config_flags(config_class, exclude=("preset",), defaults=None):
   """One flag per field of CONFIG_CLASS (a dataclass such as
-  `configs.Config`), default None (unset), with the field's help text.
+  `configs.Config`), default None (unset), with the field's help text and,
+  given DEFAULTS (an instance: a preset), its value there.
   `config_overrides` reads back the ones that were set."""
   for field in dataclasses.fields(config_class):
     if field.name in exclude:
       continue
     kind, text = field.type, field.metadata["help"]
+    if defaults is not None:
+      value = getattr(defaults, field.name)
+      shown = (",".join(map(str, value)) if isinstance(value, tuple)
+               else str(value).lower() if isinstance(value, bool) else value)
+      text += f" [{getattr(defaults, 'preset', 'default')} preset: {shown}]"
     if kind is tuple:
       flags.DEFINE_list(field.name, None, text)
     elif kind is bool:

@@ -76,7 +76,7 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
       seen = [l for l in list(lines)
-              if l.startswith(('{"step"', "saved checkpoint"))]
+              if re.match(r"step \d+/|saved checkpoint", l)]
       if len(seen) >= events:
         break
       time.sleep(0.01)
@@ -92,7 +92,7 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
     # The steps the terminal showed: the promise is about what the user saw,
     # and a line echoed just before the kill may not be in metrics.jsonl.
     steps = [int(m.group(1)) for m in
-             (re.match(r'\{"step": (\d+),', l) for l in lines) if m]
+             (re.match(r"step (\d+)/", l) for l in lines) if m]
     return (max(steps) if steps else 0), finished or None
 
   def test_never_loses_more_than_one_interval(self):

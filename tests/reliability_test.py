@@ -530,7 +530,7 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
     result = self._train(model_dir, "--train_steps=10")
     self.assertIn("nothing to train", result.stderr)
     self.assertNotIn("training cifar10", result.stderr)
-    self.assertNotIn('"eval"', result.stderr)  # No evaluation either.
+    self.assertNotIn(" eval: ", result.stderr)  # No evaluation either.
     self.assertIn("done: step 20, nothing trained", result.stdout)
     self.assertEqual(self._config_json(model_dir), before)
     self.assertEqual(sorted(os.listdir(model_dir)), files)

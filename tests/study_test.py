@@ -7,6 +7,7 @@ synthetic dataset, one arm of which diverges.
 
 import json
 import os
+import shutil
 import statistics
 
 from absl.testing import absltest
@@ -192,21 +193,89 @@ class MetricsFileTest(absltest.TestCase):
 
 class TimeToTop1Test(absltest.TestCase):
 
-  def test_evaluations_before_metrics_jsonl_come_from_the_event_files(self):
-    # A run resumed at step 200 by code that writes metrics.jsonl: the
-    # event files have every evaluation, metrics.jsonl those from 200 on.
-    top1 = [(100, 0.86), (200, 0.88), (300, 0.91)]
-    records = [{"step": 200, "start": True, "time": 0.0},
+  def test_time_to_each_level_comes_from_metrics_jsonl(self):
+    # Two sessions: 40 s to step 100, then resumed at 100 for 45 s more.
+    records = [{"step": 0, "start": True, "time": 0.0},
+               {"step": 100, "loss": 0.5, "images_per_second": 64.0,
+                "train_steps": 300, "time": 35.0},
+               {"step": 100, "eval": {"top1": 0.86}, "time": 40.0},
+               {"step": 100, "start": True, "time": 1000.0},
                {"step": 300, "loss": 0.3, "images_per_second": 64.0,
-                "time": 40.0},
-               {"step": 300, "eval": {"top1": 0.91}, "time": 45.0}]
-    reached = study._time_to_top1(records, top1, 64.0, {"batch_size": 32})
-    # 85 %: step 100, before metrics.jsonl: no wall time, 100 x 32 / 64 s.
-    self.assertEqual(reached["0.85"], {"step": 100, "wall_seconds": None,
+                "train_steps": 300, "time": 1040.0},
+               {"step": 300, "eval": {"top1": 0.91}, "time": 1045.0}]
+    reached = study._time_to_top1(records, 64.0, {"batch_size": 32})
+    # Undisturbed: step x 32 images / 64 images/s.
+    self.assertEqual(reached["0.85"], {"step": 100, "wall_seconds": 40.0,
                                        "estimated_seconds": 50.0})
-    self.assertEqual(reached["0.9"], {"step": 300, "wall_seconds": 45.0,
+    self.assertEqual(reached["0.9"], {"step": 300, "wall_seconds": 85.0,
                                       "estimated_seconds": 150.0})
     self.assertIsNone(reached["0.92"])
+
+
+class RunStatusTest(absltest.TestCase):
+  """How a run ended comes from its metrics.jsonl; a run of a study from
+  before that, from its study.json."""
+
+  def test_the_last_session_says_how_the_run_stands(self):
+    start = {"step": 0, "start": True, "time": 0.0}
+    window = {"step": 10, "loss": 1.0, "train_steps": 20, "time": 5.0}
+    self.assertIsNone(metrics.status([]))
+    self.assertEqual(metrics.status([start, window])["status"], "started")
+    self.assertEqual(
+        metrics.status([start, {"step": 10, "stopped": "SIGTERM"}])["status"],
+        "stopped")
+    diverged = {"step": 15, "diverged": True, "nan_step": 13, "time": 6.0}
+    self.assertEqual(metrics.status([start, window, diverged]),
+                     {"status": "diverged", "nan_step": 13})
+    done = {"step": 20, "done": True, "time": 9.0}
+    self.assertEqual(metrics.status([start, window, done]),
+                     {"status": "done", "nan_step": None})
+    # Resumed by hand after it had finished: running again.
+    self.assertEqual(metrics.status([start, done, dict(start, step=20)]
+                                    )["status"], "started")
+
+  def _legacy_run(self, state):
+    """A study's run directory as the code before metrics.jsonl's end
+    records left it: a session's records, no "done" or "diverged", and the
+    study.json that said how it ended."""
+    model_dir = self.create_tempdir().full_path
+    with open(os.path.join(model_dir, metrics.METRICS_FILE), "w") as f:
+      for record in [{"step": 0, "start": True, "time": 100.0},
+                     {"step": 10, "loss": 1.5, "train_steps": 20,
+                      "images_per_second": 10.0, "time": 110.0},
+                     {"step": 20, "loss": 1.25, "train_steps": 20,
+                      "images_per_second": 10.0, "time": 120.0},
+                     {"step": 20, "eval": {"top1": 0.5}, "time": 125.0}]:
+        f.write(json.dumps(record) + "\n")
+    with open(os.path.join(model_dir, "study.json"), "w") as f:
+      json.dump(state, f)
+    return model_dir
+
+  def test_a_run_finished_before_the_end_records_is_reported_and_skipped(self):
+    for state in ({"status": "done", "nan_step": None, "wall_seconds": 30.0},
+                  {"status": "diverged", "nan_step": 17,
+                   "wall_seconds": 30.0}):
+      with self.subTest(state["status"]):
+        model_dir = self._legacy_run(state)
+        # The wall time is metrics.jsonl's: 125 s - 100 s.
+        self.assertEqual(
+            study.run_status(model_dir, metrics.read(model_dir)),
+            {"status": state["status"], "nan_step": state["nan_step"],
+             "wall_seconds": 25.0})
+        lines = []
+        study._train_run(None, model_dir, "[1/1] old", None, lines.append)
+        self.assertEqual(lines, [f"[1/1] old: {state['status']} earlier, "
+                                 "skipped"])
+        run, _ = study._run_results(model_dir, 0)
+        self.assertEqual(run["curves"], {"train_loss": [[10, 1.5],
+                                                        [20, 1.25]],
+                                         "test_top1": [[20, 0.5]]})
+
+  def test_a_run_without_an_end_is_pending(self):
+    model_dir = self.create_tempdir().full_path
+    self.assertEqual(study.run_status(model_dir, []),
+                     {"status": "pending", "nan_step": None,
+                      "wall_seconds": 0.0})
 
 
 class SettingsTest(absltest.TestCase):
@@ -297,6 +366,24 @@ class RunStudyTest(absltest.TestCase):
                                                "seed0")))
     self.assertTrue(any("diverged: the training loss became" in line
                         for line in lines))
+    # Everything comes from metrics.jsonl: no study.json is written, and
+    # without the TensorBoard files the results are the same.
+    for arm in ("smoke", "huge_lr"):
+      model_dir = os.path.join(output_dir, arm, "seed0")
+      self.assertFalse(os.path.exists(os.path.join(model_dir, "study.json")))
+      for kind in (metrics.TRAIN_DIR, metrics.EVAL_DIR):
+        shutil.rmtree(os.path.join(model_dir, kind), ignore_errors=True)
+    # The curves are the progress and evaluation records, read here apart.
+    with open(os.path.join(output_dir, "smoke", "seed0",
+                           metrics.METRICS_FILE)) as f:
+      records = [json.loads(line) for line in f]
+    self.assertEqual(run["curves"]["train_loss"],
+                     [[r["step"], r["loss"]] for r in records
+                      if "images_per_second" in r])
+    self.assertEqual(run["curves"]["test_top1"],
+                     [[r["step"], r["eval"]["top1"]] for r in records
+                      if "eval" in r])
+    self.assertTrue(records[-1]["done"])
     # Again: nothing is trained, the results are the same.
     again = []
     self.assertEqual(study.run_study(TINY_STUDY, output_dir,

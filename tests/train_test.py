@@ -264,16 +264,30 @@ class TrainingTest(absltest.TestCase):
     self.assertGreater(eval_top1, 0.3)
     self.assertEqual(checkpoints.checkpoint_step(tf.train.latest_checkpoint(
         model_dir)), 200)
-    # Progress lines (stderr: results alone go to stdout) are JSON objects
-    # with what shows a divergence coming.
+    # Progress lines (stderr: results alone go to stdout) are one compact
+    # line each; metrics.jsonl has the records whole, with what shows a
+    # divergence coming.
     self.assertEqual(lines[0], done[0])
-    progress = [json.loads(line) for line in result.stderr.splitlines()
-                if line.startswith('{"step"') and '"eval"' not in line]
+    errors = result.stderr.splitlines()
+    progress = [r for r in metrics.read(model_dir) if "train_steps" in r]
     self.assertEqual([p["step"] for p in progress], list(range(50, 201, 50)))
+    shown = [line for line in errors if re.match(r"step \d+/200: ", line)]
+    self.assertEqual(shown, [
+        f"step {p['step']}/200: loss {p['loss']:.4g}, top-1 "
+        f"{100 * p['top1']:.2f} %, lr {p['lr']:.4g}, "
+        f"{p['images_per_second']:.0f} images/s, ETA {p['eta']}"
+        for p in progress])  # A healthy run: no diagnostics shown.
     self.assertEqual(list(progress[-1]["activation_rms"]),
                      ["stem", "stage1", "stage2", "stage3", "logits"])
     self.assertGreater(progress[-1]["grad_norm"], 0)
     self.assertGreater(progress[-1]["update_ratio"], 0)
+    # Where the configuration is, not the configuration; and none of
+    # TensorFlow's C++ start-up lines.
+    self.assertIn(f"configuration: {model_dir}/config.json", errors)
+    self.assertFalse([line for line in errors if line.startswith("{")])
+    for noise in ("oneDNN", "cuInit", "cpu_feature_guard", "cudart_stub",
+                  "absl::InitializeLog"):
+      self.assertNotIn(noise, result.stderr)
     scalars = metrics.read_scalars(os.path.join(model_dir, "train"))
     for name in ("loss", "top1", "learning_rate", "images_per_second",
                  "residual_branch_norm/stage1", "residual_branch_norm/stage2",
@@ -369,6 +383,14 @@ class TrainingTest(absltest.TestCase):
       trainer.train(configs.override(config, train_steps=30), model_dir,
                   echo=lambda line: None, dataset_fn=corrupted_after_step_12)
     self.assertEqual(caught.exception.step, 13)
+    # metrics.jsonl says how the run ended: each session's end, and where.
+    ends = [{k: r[k] for k in r if k != "time"} for r in metrics.read(model_dir)
+            if "done" in r or "diverged" in r]
+    self.assertEqual(ends[0], {"step": 10, "done": True})
+    self.assertEqual((ends[1]["diverged"], ends[1]["nan_step"]), (True, 13))
+    # The stop comes at the end of the call that met it.
+    self.assertBetween(ends[1]["step"], 13, 30)
+    self.assertLen(ends, 2)
     latest = tf.train.latest_checkpoint(model_dir)
     self.assertEqual(checkpoints.checkpoint_step(latest), 10)
     for value in _checkpoint_tensors(latest).values():
@@ -415,11 +437,12 @@ class DiagnosticsTest(absltest.TestCase):
     out = step_lib.make_train_step(strategy, model, optimizer, config)(
         iterator, tf.constant(1))
     self.assertEqual(diagnostics.watched_activations(model), list(outputs))
-    peaks = out["peaks"].numpy()
-    np.testing.assert_allclose(peaks[[0, *range(2, 7)]], [norm, *rms],
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        [out["grad_norm"].numpy(),
+         *(out["activation_rms"][name].numpy() for name in outputs)],
+        [norm, *rms], rtol=1e-4)
     # ||w_new - w_old|| loses digits to cancellation in float32.
-    np.testing.assert_allclose(peaks[1], ratio, rtol=2e-3)
+    np.testing.assert_allclose(out["update_ratio"].numpy(), ratio, rtol=2e-3)
     np.testing.assert_array_equal(out["first_nonfinite"].numpy(), [-1, -1])
 
   def test_evaluates_every_eval_steps(self):
@@ -430,8 +453,8 @@ class DiagnosticsTest(absltest.TestCase):
         checkpoint_steps=10, log_steps=5, steps_per_loop=5,
         num_eval_examples=64)
     result = trainer.train(config, model_dir, echo=lines.append)
-    evaluations = [json.loads(line) for line in lines if '"eval"' in line]
-    self.assertEqual([e["step"] for e in evaluations], [4, 8, 10])
+    evaluations = [line for line in lines if " eval: " in line]
+    self.assertEqual([int(e.split()[1]) for e in evaluations], [4, 8, 10])
     scalars = metrics.read_scalars(os.path.join(model_dir, "eval"))
     self.assertEqual([step for step, _ in scalars["top1"]], [4, 8, 10])
     self.assertEqual(result["eval"]["examples"], 64)
@@ -573,27 +596,36 @@ class InterruptionTest(testing.ProcessTestCase):
   def test_a_stop_on_an_evaluation_step_evaluates_on_resuming(self):
     # SIGTERM during the steps up to an evaluation step stops there with a
     # checkpoint and no evaluation; the resumed run must make it up, once.
+    # What was evaluated is the checkpoint's to say, not metrics.jsonl's:
+    # it is deleted before each resume.
     model_dir = os.path.join(self.root, "stopped_at_evaluation")
     settings = dict(TINY, units="1", log_steps=10, eval_steps=10,
                     num_eval_examples=32, eval_batch_size=16)
+    path = os.path.join(model_dir, metrics.METRICS_FILE)
 
     def terminate_at_step_10(line):
-      record = json.loads(line) if line.startswith("{") else {}
-      if record.get("step") == 10 and "train_steps" in record:
+      if line.startswith("step 10/"):
         os.kill(os.getpid(), signal.SIGTERM)
+
+    def evaluated():
+      return [r["step"] for r in metrics.read(model_dir) if "eval" in r]
 
     config = configs.resolve(**settings, train_steps=20)
     with self.assertRaisesRegex(preemption.PreemptedError, "at step 10;"):
       trainer.train(config, model_dir, echo=terminate_at_step_10)
-    self.assertEqual(metrics.evaluated_steps(metrics.read(model_dir)), set())
+    self.assertEqual(evaluated(), [])
+    os.remove(path)
     trainer.train(config, model_dir, echo=lambda line: None)
+    self.assertEqual(evaluated(), [10, 20])
     # A run resumed where it had evaluated (here the end, step 20) does not
     # evaluate that step again.
+    os.remove(path)
     trainer.train(configs.resolve(**settings, train_steps=30), model_dir,
                   echo=lambda line: None)
-    steps = [record["step"] for record in metrics.read(model_dir)
-             if "eval" in record]
-    self.assertEqual(steps, [10, 20, 30])
+    self.assertEqual(evaluated(), [30])
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+    self.assertEqual(reader.get_tensor(
+        f"{trainer.LAST_EVALUATED}/.ATTRIBUTES/VARIABLE_VALUE"), 30)
 
   def test_sigterm_writes_a_checkpoint_and_evaluate_watches(self):
     # In this process, to save a TensorFlow start-up: SIGTERM arrives right

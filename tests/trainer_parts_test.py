@@ -1,5 +1,6 @@
 """The parts of the training loop that a whole training cannot reach
-cheaply: the parameter-server merge of the step's outputs, a progress
+cheaply: the merge of the step's named outputs (over steps and
+parameter-server closures), the progress line a person reads, a progress
 line's speed around an evaluation, and the save that fails half-way (a full
 disk)."""
 
@@ -12,45 +13,151 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import configs
+from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
 from identity_tf.training import diagnostics
+from identity_tf.training import metrics
+from identity_tf.training import run as run_lib
+from identity_tf.training import step as step_lib
 from identity_tf.training import trainer
 
 
+WATCHED = ["stage1", "logits"]
+
+
 def _output(sums, peaks, first_nonfinite=(-1, -1)):
-  return {"sums": np.array(sums, np.float64), "peaks": np.array(peaks),
+  """A step output from SUMS [loss sum, correct, examples] and PEAKS
+  [gradient norm, update ratio, RMS of stage1, RMS of logits]."""
+  return {"loss_sum": np.float64(sums[0]), "correct": np.float64(sums[1]),
+          "examples": np.float64(sums[2]), "grad_norm": np.float64(peaks[0]),
+          "update_ratio": np.float64(peaks[1]),
+          "activation_rms": {name: np.float64(value)
+                             for name, value in zip(WATCHED, peaks[2:])},
           "first_nonfinite": np.array(first_nonfinite)}
+
+
+def _as_vectors(output):
+  """OUTPUT's (sums, peaks) in _output's order."""
+  return ([output["loss_sum"], output["correct"], output["examples"]],
+          [output["grad_norm"], output["update_ratio"],
+           *(output["activation_rms"][name] for name in WATCHED)])
 
 
 class MergeOutputsTest(absltest.TestCase):
   """Under parameter_server each scheduled closure runs some of the steps;
   the merged dict must be the one a single closure running all of them
-  would have returned."""
+  would have returned: the counts summed, the diagnostics their largest."""
+
+  def setUp(self):
+    super().setUp()
+    rng = np.random.default_rng(7)
+    # Six steps: [loss, correct, examples] and [gradient norm, update
+    # ratio, two activation RMS].
+    self.sums = np.column_stack([rng.uniform(0.5, 2.5, 6),
+                                 rng.integers(0, 64, 6),
+                                 np.full(6, 64)])
+    self.peaks = rng.uniform(0.0, 5.0, (6, 4))
+    # Three closures of two steps each, combined here with NumPy alone.
+    self.closures = [_output(self.sums[i:i + 2].sum(axis=0),
+                             self.peaks[i:i + 2].max(axis=0))
+                     for i in range(0, 6, 2)]
 
   def test_sums_add_and_peaks_take_the_largest(self):
-    # Three closures of two steps; per step [loss, correct, examples] and
-    # peaks [gradient norm, update ratio, one activation RMS].
-    steps = [([2.0, 10, 64], [1.5, 0.01, 3.0]), ([1.8, 12, 64], [1.1, 0.02, 2.0]),
-             ([1.6, 20, 64], [0.9, 0.05, 2.5]), ([1.2, 30, 64], [2.5, 0.01, 1.0]),
-             ([1.0, 31, 64], [0.7, 0.03, 4.0]), ([0.9, 40, 64], [0.8, 0.01, 1.5])]
-    closures = [_output(np.sum([s for s, _ in steps[i:i + 2]], axis=0),
-                        np.max([p for _, p in steps[i:i + 2]], axis=0))
-                for i in range(0, 6, 2)]
-    merged = trainer.merge_outputs(closures)
-    np.testing.assert_allclose(merged["sums"], [8.5, 143, 384])
-    np.testing.assert_allclose(merged["peaks"], [2.5, 0.05, 4.0])
+    merged = trainer.merge_outputs(self.closures)
+    sums, peaks = _as_vectors(merged)
+    np.testing.assert_allclose(sums, self.sums.sum(axis=0))
+    np.testing.assert_allclose(peaks, self.peaks.max(axis=0))
     np.testing.assert_array_equal(merged["first_nonfinite"], [-1, -1])
+
+  def test_the_merge_of_tensors_is_the_merge_of_arrays(self):
+    # The training step merges its steps with TensorFlow, the loop its
+    # calls with NumPy: one table, the same results.
+    tensors = [tf.nest.map_structure(tf.constant, c) for c in self.closures]
+    merged = tensors[0]
+    for closure in tensors[1:]:
+      merged = step_lib.merge(merged, closure)
+    sums, peaks = _as_vectors(tf.nest.map_structure(np.asarray, merged))
+    np.testing.assert_allclose(sums, self.sums.sum(axis=0))
+    np.testing.assert_allclose(peaks, self.peaks.max(axis=0))
+
+  def test_the_table_sums_the_counts_and_keeps_the_peaks(self):
+    self.assertEqual(
+        {name for name, r in step_lib.VALUES.items() if r is step_lib.SUM},
+        {"loss_sum", "correct", "examples"})
+    self.assertEqual(
+        {name for name, r in step_lib.VALUES.items() if r is step_lib.PEAK},
+        {"grad_norm", "update_ratio", "activation_rms"})
 
   def test_the_earliest_non_finite_step_wins_whatever_the_closure_order(self):
     # Closures may finish out of order: the report is the earliest step.
     merged = trainer.merge_outputs([
-        _output([1, 1, 1], [1, 1, np.nan], (17, 0)),
-        _output([1, 1, 1], [1, 1, 1]),
-        _output([1, 1, 1], [np.inf, 1, 1], (12, 1)),
+        _output([1, 1, 1], [1, 1, np.nan, 1], (17, 0)),
+        _output([1, 1, 1], [1, 1, 1, 1]),
+        _output([1, 1, 1], [np.inf, 1, 1, 1], (12, 2)),
     ])
-    np.testing.assert_array_equal(merged["first_nonfinite"], [12, 1])
+    np.testing.assert_array_equal(merged["first_nonfinite"], [12, 2])
     # A NaN peak stays NaN: the progress line shows it.
-    self.assertTrue(np.isnan(merged["peaks"][2]))
+    self.assertTrue(np.isnan(merged["activation_rms"]["stage1"]))
+    self.assertEqual(merged["grad_norm"], np.inf)
+
+  def test_a_non_finite_value_is_named_in_forward_order(self):
+    # Index 2 of [stage1, logits, gradient] is the gradient.
+    out = _output([np.nan, 1, 1], [np.inf, 1, 1, 1], (12, 2))
+    message = diagnostics.nonfinite_message(out, 15, WATCHED, None, "kept")
+    self.assertIn("at step 12: the gradient became NaN", message)
+    out = _output([np.nan, 1, 1], [1, 1, 1, np.nan], (12, 1))
+    message = diagnostics.nonfinite_message(out, 15, WATCHED, None, "kept")
+    self.assertIn("the activations of logits became NaN", message)
+
+
+class StepAccumulationTest(absltest.TestCase):
+  """One call of the training step over several steps returns what the
+  calls of one step each return, combined: counts summed, peaks the
+  largest."""
+
+  def test_three_steps_in_one_call_are_three_single_steps_combined(self):
+    config = configs.resolve("smoke", width=0.0625, units=(1,), batch_size=8,
+                             weight_decay=0.0, learning_rate=0.05)
+    run = run_lib.resolve(config, tfds_data.dataset_info("synthetic"), None)
+    rng = np.random.default_rng(3)
+    images = rng.standard_normal((3, 8, 32, 32, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, (3, 8)).astype(np.int32)
+    strategy = tf.distribute.get_strategy()
+
+    def fresh():
+      model = checkpoints.build_model(run)
+      optimizer = trainer.build_optimizer(run)
+      optimizer.build(model.trainable_variables)
+      iterator = iter(strategy.distribute_datasets_from_function(
+          lambda _: tf.data.Dataset.from_tensor_slices((images, labels))))
+      return model, step_lib.make_train_step(strategy, model, optimizer,
+                                             config), iterator
+
+    model, steps, iterator = fresh()
+    weights = model.get_weights()
+    together = tf.nest.map_structure(np.asarray,
+                                     steps(iterator, tf.constant(3)))
+    twin, step, twin_iterator = fresh()
+    twin.set_weights(weights)
+    singles = [tf.nest.map_structure(np.asarray,
+                                     step(twin_iterator, tf.constant(1)))
+               for _ in range(3)]
+    watched = list(together["activation_rms"])
+
+    def vectors(out):
+      return ([out["loss_sum"], out["correct"], out["examples"]],
+              [out["grad_norm"], out["update_ratio"],
+               *(out["activation_rms"][name] for name in watched)])
+
+    sums, peaks = zip(*(vectors(s) for s in singles))
+    together_sums, together_peaks = vectors(together)
+    np.testing.assert_allclose(together_sums, np.sum(sums, axis=0),
+                               rtol=1e-6)
+    self.assertEqual(together["examples"], 24)
+    np.testing.assert_allclose(together_peaks, np.max(peaks, axis=0),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(together["first_nonfinite"], [-1, -1])
 
 
 class WindowTest(absltest.TestCase):
@@ -58,12 +165,12 @@ class WindowTest(absltest.TestCase):
   evaluation or a checkpoint between two lines."""
 
   def test_speed_is_images_over_step_time_whatever_came_between(self):
-    window = diagnostics.Window(["stage1"])
+    window = diagnostics.Window(WATCHED)
     # 69 steps of 128 images in 20.7 s, then an evaluation (whatever it
     # takes), then 31 steps in 9.3 s: 12 800 images in 30 s.
-    window.add(_output([69.0, 60, 69 * 128], [1.0, 0.1, 2.0]), 20.7)
+    window.add(_output([69.0, 60, 69 * 128], [1.0, 0.1, 2.0, 3.0]), 20.7)
     time.sleep(0.2)  # An evaluation: not training time.
-    window.add(_output([31.0, 30, 31 * 128], [1.0, 0.1, 2.0]), 9.3)
+    window.add(_output([31.0, 30, 31 * 128], [1.0, 0.1, 2.0, 3.0]), 9.3)
     record = window.record(step=500, train_steps=4500, learning_rate=0.1,
                            batch_size=128)
     self.assertAlmostEqual(record["images_per_second"], 12800 / 30.0,
@@ -73,6 +180,63 @@ class WindowTest(absltest.TestCase):
     self.assertAlmostEqual(record["loss"], 100 / 12800, places=5)
     # A new window starts empty.
     self.assertEqual(window.seconds, 0.0)
+
+
+def _record(step=500, grad_norm=1.5, rms=2.0, **extra):
+  """A progress record as `diagnostics.Window.record` makes them."""
+  return {"step": step, "train_steps": 4500, "loss": 0.1234, "top1": 0.9666,
+          "lr": 0.1, "images_per_second": 1234.4, "eta": "0:20:00",
+          "grad_norm": grad_norm, "update_ratio": 0.0012,
+          "activation_rms": {"stage1": rms, "logits": 3.5}, **extra}
+
+
+class ProgressLineTest(absltest.TestCase):
+  """The terminal's line: compact, with the divergence diagnostics only
+  when they are abnormal or asked for; metrics.jsonl keeps every field."""
+
+  def test_a_progress_line_is_one_line_with_its_fields(self):
+    line = metrics.progress_line(_record())
+    self.assertEqual(line, "step 500/4500: loss 0.1234, top-1 96.66 %, "
+                           "lr 0.1, 1234 images/s, ETA 0:20:00")
+    verbose = metrics.progress_line(_record(loss_scale=32768.0), True)
+    self.assertNotIn("\n", verbose)
+    self.assertTrue(verbose.startswith(line + "; "))
+    for part in ("grad norm 1.5", "update ratio 0.0012",
+                 "activation RMS stage1 2, logits 3.5", "loss scale 32768"):
+      self.assertIn(part, verbose)
+
+  def test_an_evaluation_line(self):
+    record = {"step": 500, "eval": {"loss": 0.0404, "top1": 0.9855,
+                                    "top5": 1.0, "examples": 2000}}
+    self.assertEqual(metrics.progress_line(record),
+                     "step 500 eval: top-1 98.55 %, top-5 100.00 %, "
+                     "loss 0.0404 (2000 examples)")
+
+  def test_diagnostics_are_shown_when_abnormal_or_verbose(self):
+    model_dir = self.create_tempdir().full_path
+    records = [_record(step=s, grad_norm=g, rms=r) for s, g, r in (
+        (10, 1.0, 2.0), (20, 3.0, 2.0), (30, 2.0, 2.0),
+        # Above 1000 times the median so far (2.0); then an activation RMS
+        # above 100; then NaN; then normal again.
+        (40, 2500.0, 2.0), (50, 2.0, 150.0), (60, float("nan"), 2.0),
+        (70, 2.5, 2.0))]
+    for verbose in (False, True):
+      lines = []
+      signs = diagnostics.AbnormalSigns()
+      with metrics.MetricsWriter(model_dir, lines.append,
+                                 verbose=verbose) as writer:
+        for record in records:
+          writer.train(dict(record), {}, abnormal=signs.check(record))
+      shown = [r["step"] for r, line in zip(records, lines)
+               if "grad norm" in line]
+      self.assertEqual(shown, [10, 20, 30, 40, 50, 60, 70] if verbose
+                       else [40, 50, 60])
+    # metrics.jsonl has every field of every record, each time.
+    written = metrics.read(model_dir)
+    self.assertLen(written, 2 * len(records))
+    for record, line in zip(records + records, written):
+      self.assertEqual({k: v for k, v in line.items() if k != "time"}.keys(),
+                       record.keys())
 
 
 class FailedSaveTest(absltest.TestCase):

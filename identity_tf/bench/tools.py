@@ -283,7 +283,8 @@ def make_train_step(config, images, labels, strategy=None, tpu=None):
 
   def run_steps(num_steps, scratch=scratch):  # Kept while RUN_STEPS lives.
     del scratch
-    return trainer.run_steps(num_steps)["sums"]
+    out = trainer.run_steps(num_steps)
+    return np.array([out["loss_sum"], out["correct"], out["examples"]])
   return run_steps, trainer.model
 
 

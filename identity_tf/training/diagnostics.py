@@ -8,7 +8,7 @@ the RMS of each stage's activations (`watched_activations`); the loop sums
 them over the steps between two progress lines (`Window`) and reports the
 size of each stage's residual branches (`residual_branch_norms`). When a
 loss becomes NaN, `nonfinite_message` says where it began and what came
-before it.
+before it. `AbnormalSigns` decides when a progress line shows them.
 """
 
 import datetime
@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from identity_tf import model as model_lib
 from identity_tf.training import metrics
+from identity_tf.training import step as step_lib
 
 
 class NonFiniteLossError(ValueError):
@@ -84,14 +85,14 @@ class Window:
     self.reset()
 
   def reset(self):
-    self.sums = np.zeros(3)
-    self.peaks = np.full(2 + len(self.watched), -np.inf)
+    # Sums in float64: a window adds up many calls' float32 sums.
+    self.totals = step_lib.initial_output(self.watched, np.float64)
     self.seconds = 0.0
 
   def add(self, out, seconds):
-    """Adds the dict of steps that took SECONDS to run (input included)."""
-    self.sums += out["sums"]
-    self.peaks = np.maximum(self.peaks, out["peaks"])
+    """Adds the steps of OUT (`step.make_train_step`'s dict, as NumPy) that
+    took SECONDS to run (input included)."""
+    self.totals = step_lib.merge(self.totals, out, np)
     self.seconds += seconds
 
   def record(self, step, train_steps, learning_rate, batch_size):
@@ -103,8 +104,10 @@ class Window:
     time left at that speed (H:MM:SS; evaluations and checkpoints not
     counted).
     """
-    loss, top1 = self.sums[0] / self.sums[2], self.sums[1] / self.sums[2]
-    rate = self.sums[2] / max(self.seconds, 1e-9)
+    totals = self.totals
+    examples = totals["examples"]
+    loss, top1 = totals["loss_sum"] / examples, totals["correct"] / examples
+    rate = examples / max(self.seconds, 1e-9)
     left = max(train_steps - step, 0) * batch_size / max(rate, 1e-9)
     rounded = metrics.round_value
     self.last = {
@@ -112,30 +115,66 @@ class Window:
         "top1": rounded(top1), "lr": rounded(learning_rate),
         "images_per_second": round(rate, 1),
         "eta": str(datetime.timedelta(seconds=round(left))),
-        "grad_norm": rounded(self.peaks[0]),
-        "update_ratio": rounded(self.peaks[1]),
-        "activation_rms": {name: rounded(value) for name, value in
-                           zip(self.watched, self.peaks[2:])}}
+        "grad_norm": rounded(totals["grad_norm"]),
+        "update_ratio": rounded(totals["update_ratio"]),
+        "activation_rms": {name: rounded(totals["activation_rms"][name])
+                           for name in self.watched}}
     self.reset()
     return self.last
 
 
+class AbnormalSigns:
+  """Whether a progress record's divergence diagnostics are abnormal, so
+  that its line on the terminal shows them (metrics.jsonl always has them).
+
+  Abnormal, simply: a gradient norm, update ratio or activation RMS that is
+  NaN or infinite; a gradient norm above GRAD_NORM_FACTOR times the median
+  of this session's earlier lines'; or an activation RMS above
+  ACTIVATION_RMS_LIMIT. The factor is large because a healthy run starting
+  near the identity grows its gradient norm from near zero: the smoke
+  preset's went from 0.11 at step 50 to 11.9 at step 200, 86 times the
+  median before it, and to 26.9 at step 250 (measured; at 10 times, half
+  its lines would be flagged). Its activations' RMS stayed below 30.
+  """
+
+  GRAD_NORM_FACTOR = 1000.0
+  ACTIVATION_RMS_LIMIT = 100.0
+
+  def __init__(self):
+    self._grad_norms = []
+
+  def check(self, record):
+    """Whether RECORD (`Window.record`'s) is abnormal; remembers its
+    gradient norm for the lines after it."""
+    grad_norm = record["grad_norm"]
+    values = [grad_norm, record["update_ratio"],
+              *record["activation_rms"].values()]
+    abnormal = (not all(np.isfinite(values))
+                or max(record["activation_rms"].values(), default=0.0)
+                > self.ACTIVATION_RMS_LIMIT
+                or (bool(self._grad_norms) and grad_norm >
+                    self.GRAD_NORM_FACTOR * np.median(self._grad_norms)))
+    if np.isfinite(grad_norm):
+      self._grad_norms.append(grad_norm)
+    return bool(abnormal)
+
+
 def nonfinite_message(out, step, watched, last_record, last_good):
   """The one line that stops a diverged run: where and when, and what to do."""
-  first_step, index = (int(v) for v in out["first_nonfinite"])
+  first_step, index = (int(v) for v in out[step_lib.FIRST_NONFINITE])
   if first_step < 0:  # Finite activations and gradients, infinite loss.
     where, first_step = "the loss", step
-  elif index < len(watched):
-    where = f"the activations of {watched[index]}"
-  else:
+  elif step_lib.nonfinite_order(watched)[index] == step_lib.GRADIENT:
     where = "the gradient"
+  else:
+    where = f"the activations of {watched[index]}"
   before = ""
   if last_record:
     rms = ", ".join(f"{k} {v:.3g}"
                     for k, v in last_record["activation_rms"].items())
     before = (f"; before it: gradient norm up to "
               f"{last_record['grad_norm']:.3g}, activation RMS {rms}")
-  return (f"the training loss became {out['sums'][0]} at step {first_step}: "
+  return (f"the training loss became {out['loss_sum']} at step {first_step}: "
           f"{where} became NaN or infinite first{before}; {last_good}; lower "
           f"--learning_rate or add a stabiliser (e.g. --grad_clip_norm=1; "
           f"docs/training.md)")
@@ -157,8 +196,8 @@ def check_finite(out, step, watched, window, last_written):
   """Raises NonFiniteLossError if the steps that gave OUT (`step`'s dict)
   met a NaN or infinity: the message says where it began and what came
   before it (WINDOW's last record); LAST_WRITTEN, what the run keeps."""
-  first = int(out["first_nonfinite"][0])
-  if first >= 0 or not np.isfinite(out["sums"][0]):
+  first = int(out[step_lib.FIRST_NONFINITE][0])
+  if first >= 0 or not np.isfinite(out["loss_sum"]):
     raise NonFiniteLossError(
         nonfinite_message(out, step, watched, window.last, last_written),
         step=first if first >= 0 else step)

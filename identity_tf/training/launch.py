@@ -23,12 +23,13 @@ from identity_tf.training import trainer
 
 
 def train_command(config, model_dir, *, data_dir=None, tpu=None,
-                  cluster_timeout=600.0, dry_run=False,
+                  cluster_timeout=600.0, dry_run=False, verbose=False,
                   progress=cli.print_stderr, result=print):
   """Trains CONFIG in MODEL_DIR as //bin:train does.
 
-  PROGRESS receives the resolved configuration and the progress lines
-  (stderr by default), RESULT the lines that say what the run reached
+  PROGRESS receives where the configuration is (the whole of it when
+  VERBOSE, `trainer.train`) and the progress lines (stderr by default),
+  RESULT the lines that say what the run reached
   (stdout by default). Exits (SystemExit) with one line on stderr when the
   run stops before its end.
   """
@@ -41,7 +42,8 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
       _dry_run(config, model_dir, data_dir, progress, result)
       return
     outcome = trainer.train(config, model_dir, data_dir=data_dir, tpu=tpu,
-                            cluster_timeout=cluster_timeout, echo=progress)
+                            cluster_timeout=cluster_timeout, echo=progress,
+                            verbose=verbose)
   except preemption.PreemptedError as e:
     cli.exit_with(str(e), e.exit_code)
   except KeyboardInterrupt:  # Ctrl-C before the loop could save anything.

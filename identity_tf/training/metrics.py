@@ -1,12 +1,15 @@
 """A run's metrics: one writer, and what reads them back.
 
 Every record of a run -- a window of training steps, an evaluation -- is
-written once, by `MetricsWriter`, and goes three ways: one JSON progress
-line (to the run's echo: bin/train's stderr), one line of
-MODEL_DIR/metrics.jsonl (the same object with the wall-clock time), and
+written once, by `MetricsWriter`, and goes three ways: one line of
+MODEL_DIR/metrics.jsonl (the record with the wall-clock time), a progress
+line a person reads (to the run's echo: bin/train's stderr), and
 TensorBoard scalars in MODEL_DIR/train and MODEL_DIR/eval, through writers
-that stay open for the run. Programs read metrics.jsonl (`read`) or the
-event files (`read_scalars`), never the progress text.
+that stay open for the run. metrics.jsonl is the run's one record: how
+each session started and ended ("start", "stopped", "diverged", "done"),
+every progress and evaluation record; programs read it (`read`, and the
+readers below), never the progress text or the event files
+(`read_scalars` is for a person checking what TensorBoard shows).
 """
 
 import json
@@ -33,12 +36,14 @@ class MetricsWriter:
   """Writes a run's records: progress line, metrics.jsonl, TensorBoard.
 
   ENABLED False (a worker that is not the chief) writes nothing but the
-  progress lines. Use as a context manager, or call `close`.
+  progress lines (`progress_line`; VERBOSE: each with its divergence
+  diagnostics). Use as a context manager, or call `close`.
   """
 
-  def __init__(self, model_dir, echo=None, enabled=True):
+  def __init__(self, model_dir, echo=None, enabled=True, verbose=False):
     self._echo = echo
     self._enabled = enabled
+    self._verbose = verbose
     self._path = os.path.join(model_dir, METRICS_FILE)
     self._writers = {}
     self._model_dir = model_dir
@@ -50,9 +55,9 @@ class MetricsWriter:
           os.path.join(self._model_dir, kind))
     return self._writers[kind]
 
-  def _write(self, record, kind, scalars, step):
+  def _write(self, record, kind, scalars, step, abnormal=False):
     if self._echo:
-      self._echo(json.dumps(record))
+      self._echo(progress_line(record, self._verbose or abnormal))
     if not self._enabled:
       return
     self._append(record)
@@ -71,6 +76,19 @@ class MetricsWriter:
     if self._enabled:
       self._append({"step": step, "start": True,
                     **({"machine": machine} if machine else {})})
+
+  def diverged(self, step, nan_step):
+    """Marks the end of a session stopped at STEP because the loss became
+    NaN or infinite (first at NAN_STEP) in metrics.jsonl: the run is
+    finished, and how (`status`)."""
+    if self._enabled:
+      self._append({"step": step, "diverged": True, "nan_step": nan_step})
+
+  def done(self, step):
+    """Marks the end of a session that reached the run's last step, STEP,
+    and made its final evaluations, in metrics.jsonl (`status`)."""
+    if self._enabled:
+      self._append({"step": step, "done": True})
 
   def stopped(self, step, signal_name):
     """Marks the end of a session stopped by SIGNAL_NAME (SIGTERM, SIGINT)
@@ -92,10 +110,12 @@ class MetricsWriter:
     with tf.io.gfile.GFile(self._path, "a") as f:
       f.write(line)
 
-  def train(self, record, scalars):
-    """RECORD (a progress line's object, with "step") of a window of
-    training steps, and its TensorBoard SCALARS ({name: number})."""
-    self._write(record, TRAIN_DIR, scalars, record["step"])
+  def train(self, record, scalars, abnormal=False):
+    """RECORD (`diagnostics.Window.record`'s, with "step") of a window of
+    training steps, and its TensorBoard SCALARS ({name: number}); its
+    progress line shows the divergence diagnostics when ABNORMAL
+    (`diagnostics.AbnormalSigns`) or verbose."""
+    self._write(record, TRAIN_DIR, scalars, record["step"], abnormal)
 
   def evaluation(self, step, metrics, **extra):
     """METRICS (`evaluation.make_evaluator`'s dict) of the model at STEP;
@@ -127,6 +147,38 @@ class MetricsWriter:
 
   def __exit__(self, *exc):
     self.close()
+
+
+def progress_line(record, diagnostics=False):
+  """The one line a person reads for RECORD (a training window's, an
+  evaluation's or the training set's; metrics.jsonl keeps every field):
+
+    step 500/4500: loss 0.1234, top-1 96.66 %, lr 0.1, 1234 images/s, ETA 0:20:00
+    step 500 eval: top-1 98.55 %, top-5 100.00 %, loss 0.0404 (2000 examples)
+
+  A training window's line ends with its divergence diagnostics (the peak
+  gradient norm and update ratio, each watched activation's RMS and the
+  loss scale) when DIAGNOSTICS.
+  """
+  for key, name in (("eval", "eval"), (TRAIN_EVAL, "training-set eval")):
+    if key in record:
+      scores = record[key]
+      return (f"step {record['step']} {name}: top-1 "
+              f"{100 * scores['top1']:.2f} %, top-5 "
+              f"{100 * scores['top5']:.2f} %, loss {scores['loss']:.4g} "
+              f"({scores['examples']} examples)")
+  line = (f"step {record['step']}/{record['train_steps']}: loss "
+          f"{record['loss']:.4g}, top-1 {100 * record['top1']:.2f} %, lr "
+          f"{record['lr']:.4g}, {record['images_per_second']:.0f} images/s, "
+          f"ETA {record['eta']}")
+  if diagnostics:
+    rms = ", ".join(f"{name} {value:.3g}"
+                    for name, value in record["activation_rms"].items())
+    line += (f"; grad norm {record['grad_norm']:.3g}, update ratio "
+             f"{record['update_ratio']:.3g}, activation RMS {rms}")
+    if "loss_scale" in record:
+      line += f", loss scale {record['loss_scale']:g}"
+  return line
 
 
 def _cut_short(path):
@@ -196,11 +248,50 @@ def wall_seconds(records):
   return max(elapsed) if elapsed else 0.0
 
 
-def evaluated_steps(records):
-  """The steps at which training evaluated, in RECORDS (`read`'s);
-  //bin:evaluate's records do not count."""
-  return {record["step"] for record in records
-          if "eval" in record and not _from_evaluate(record)}
+# The records that begin or end a session of training, and their status.
+_SESSION_MARKS = {"start": "started", "stopped": "stopped",
+                  "diverged": "diverged", "done": "done"}
+
+
+def status(records):
+  """How the run of RECORDS (`read`'s) stands: {"status", "nan_step"}.
+
+  "done" or "diverged" (with its "nan_step", the first step whose loss was
+  not finite) when its last session ended so; "stopped" when a signal
+  stopped it; "started" when it began and has not ended (running, or
+  killed); None without any session.
+  """
+  found = None
+  for record in records:
+    for key, name in _SESSION_MARKS.items():
+      if record.get(key):
+        found = {"status": name, "nan_step": record.get("nan_step")}
+  return found
+
+
+def _curve(records, value):
+  """[[step, VALUE(record)], ...] by step of RECORDS where it is not None,
+  the last record of a step kept (a resumed run writes again the steps
+  after its checkpoint)."""
+  points = {}
+  for record in records:
+    number = value(record)
+    if number is not None:
+      points[record["step"]] = number
+  return [[step, points[step]] for step in sorted(points)]
+
+
+def training_loss_curve(records):
+  """The training loss of each progress record of RECORDS, by step."""
+  return _curve(records, lambda r: r["loss"] if "train_steps" in r else None)
+
+
+def evaluation_curve(records, name="top1"):
+  """Score NAME of each of training's evaluations in RECORDS, by step
+  (//bin:evaluate's records do not count: they may be of another
+  dataset)."""
+  return _curve(records, lambda r: None if _from_evaluate(r)
+                else r.get("eval", {}).get(name))
 
 
 def time_to_levels(records, levels):

@@ -1,8 +1,12 @@
 """The training step: SGD on the global batch, clipped, with its diagnostics.
 
 `make_train_step` is the one step of every strategy: //bin:train runs it
-(`trainer`) and //bin:benchmark times it.
+(`trainer`) and //bin:benchmark times it. It returns named values; `VALUES`
+says how each combines over replicas, steps and parameter-server closures,
+and `merge` combines two outputs so.
 """
+
+import dataclasses
 
 import keras
 import numpy as np
@@ -10,6 +14,107 @@ import tensorflow as tf
 
 from identity_tf import model as model_lib
 from identity_tf.training import optimization
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+  """How a value of the step combines: over the replicas of one step
+  (`replicas`, a tf.distribute.ReduceOp) and over the steps of a call and
+  the closures of a parameter-server call (`steps`: "add" or "maximum",
+  the function of that name in NumPy and TensorFlow)."""
+  name: str
+  replicas: tf.distribute.ReduceOp
+  steps: str
+
+
+# Counts: summed over replicas, steps and closures.
+SUM = Reduction("sum", tf.distribute.ReduceOp.SUM, "add")
+# A step's value for the global batch, or each replica's for its part (the
+# mean over replicas); over steps and closures the largest: what a progress
+# line reports as a divergence coming. NaN stays NaN (both maximums keep it).
+PEAK = Reduction("peak", tf.distribute.ReduceOp.MEAN, "maximum")
+
+# The values of `make_train_step`'s output, each with its reduction: the one
+# table that the step, `merge` and every reader of the output follow.
+VALUES = {
+    "loss_sum": SUM,      # The per-example cross-entropy, summed.
+    "correct": SUM,       # Correct top-1 predictions.
+    "examples": SUM,
+    "grad_norm": PEAK,    # The global gradient norm, before clipping.
+    "update_ratio": PEAK,  # The largest ||update|| / ||weight|| of a kernel.
+    "activation_rms": PEAK,  # {watched activation: its RMS}.
+}
+# Beside them, [global step, index into `nonfinite_order`] of the first step
+# at which an activation or the gradient was NaN or infinite, or [-1, -1]:
+# of two outputs, the earliest.
+FIRST_NONFINITE = "first_nonfinite"
+# The name `nonfinite_order` gives the gradient.
+GRADIENT = "grad_norm"
+
+
+def nonfinite_order(watched):
+  """What FIRST_NONFINITE's index counts: the WATCHED activations in forward
+  order, then the gradient (GRADIENT)."""
+  return [*watched, GRADIENT]
+
+
+def initial_output(watched, dtype=np.float32):
+  """The output of no steps for WATCHED activations: sums 0, peaks -inf,
+  no non-finite step (NumPy values of DTYPE; `merge` with it changes
+  nothing)."""
+  start = {SUM: 0.0, PEAK: -np.inf}
+  output = {name: start[reduction] for name, reduction in VALUES.items()}
+  output["activation_rms"] = {name: start[VALUES["activation_rms"]]
+                              for name in watched}
+  output = tf.nest.map_structure(dtype, output)
+  output[FIRST_NONFINITE] = np.array([-1, -1], np.int64)
+  return output
+
+
+def merge(first, second, ops=tf):
+  """The output of the steps of FIRST and then SECOND (or of two closures in
+  any order): each value combined as `VALUES` says, the first non-finite
+  step the earliest. OPS: `tf` for tensors (in a tf.function too), `np` for
+  NumPy arrays."""
+  merged = {name: tf.nest.map_structure(getattr(ops, reduction.steps),
+                                        first[name], second[name])
+            for name, reduction in VALUES.items()}
+  a, b = first[FIRST_NONFINITE], second[FIRST_NONFINITE]
+  a_first = (a[0] >= 0) & ((b[0] < 0) | (a[0] <= b[0]))
+  merged[FIRST_NONFINITE] = ops.where(a_first, a, b)
+  return merged
+
+
+def _pack(values):
+  """{reduction name: one vector of VALUES' values of that reduction}: one
+  all-reduce per reduction rather than one per value."""
+  return {reduction.name: tf.stack(tf.nest.flatten(
+              [values[n] for n, r in VALUES.items() if r is reduction]))
+          for reduction in (SUM, PEAK)}
+
+
+def _reduce_replicas(strategy, packed, watched):
+  """`_pack`ed per-replica values, reduced over STRATEGY's replicas as
+  VALUES says and named again."""
+  structure = initial_output(watched)
+  values = {}
+  for reduction in (SUM, PEAK):
+    names = [n for n, r in VALUES.items() if r is reduction]
+    vector = strategy.reduce(reduction.replicas, packed[reduction.name],
+                             axis=None)
+    values.update(zip(names, tf.nest.pack_sequence_as(
+        [structure[n] for n in names], tf.unstack(vector))))
+  return values
+
+
+def _first_nonfinite(values, watched, step):
+  """FIRST_NONFINITE of one step's VALUES at global STEP."""
+  forward = [values["activation_rms"][name] for name in watched]
+  bad = tf.logical_not(tf.math.is_finite(tf.stack(
+      forward + [values[GRADIENT]])))
+  return tf.where(tf.reduce_any(bad), tf.stack(
+      [step, tf.argmax(tf.cast(bad, tf.int64), output_type=tf.int64)]),
+                  tf.constant([-1, -1], tf.int64))
 
 
 def training_loss(labels, logits, label_smoothing=0.0):
@@ -58,7 +163,7 @@ def _forward_backward(model, probe, optimizer, config, loss_scaled):
 
 def _replica_step(model, probe, optimizer, config, replicas):
   """One SGD step on one replica's part of the global batch: (images,
-  labels) -> (sums, values), see `make_train_step`."""
+  labels) -> its `VALUES`, `_pack`ed."""
   names = list(probe.output.keys())
   variables = model.trainable_variables
   # mixed_float16: Keras's dynamic loss scaling. The loss is multiplied by
@@ -110,14 +215,17 @@ def _replica_step(model, probe, optimizer, config, replicas):
     update_ratio = tf.reduce_max(tf.stack([
         tf.math.divide_no_nan(tf.norm(v - b), tf.norm(b))
         for v, b in zip(kernels, before)]))
-    rms = [tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
-                                                    tf.float32))))
-           for name in names]
+    rms = {name: tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
+                                                          tf.float32))))
+           for name in names}
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                labels), tf.float32)
-    sums = tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(correct),
-                     tf.cast(tf.size(labels), tf.float32)])
-    return sums, tf.stack([grad_norm, update_ratio, *rms])
+    return _pack({
+        "loss_sum": tf.reduce_sum(per_example),
+        "correct": tf.reduce_sum(correct),
+        "examples": tf.cast(tf.size(labels), tf.float32),
+        "grad_norm": grad_norm, "update_ratio": update_ratio,
+        "activation_rms": rms})
   return replica_step
 
 
@@ -150,43 +258,24 @@ def make_train_step(strategy, model, optimizer, config):
   from the global batch's gradient), the biases' and scalars' gradients
   times config.bias_lr_factor.
 
-  Returns a dict of tensors over the NUM_STEPS steps:
-    "sums": the sums over steps and replicas of [per-example loss, correct
-      top-1 predictions, examples];
-    "peaks": the largest per-step value of [global gradient norm (before
-      clipping), largest ||update|| / ||weight|| over the kernels, then the
-      RMS of each activation of `watched_activations`] (NaN if any was);
-    "first_nonfinite": [global step, index] of the first step at which one
-      of them was NaN or infinite -- index i < len(watched) is the first
-      such activation in forward order, len(watched) the gradient -- or
-      [-1, -1].
-  `train` runs this function (scheduled through a ClusterCoordinator under
+  Returns the dict of tensors of `VALUES` over the NUM_STEPS steps (sums
+  and peaks as `VALUES` says; `merge`), and FIRST_NONFINITE. `train` runs
+  this function (scheduled through a ClusterCoordinator under
   parameter_server); bin/benchmark times it.
   """
   probe = model_lib.activation_probe(model)
-  num_watched = len(probe.output)
+  watched = list(probe.output.keys())
   replica_step = _replica_step(model, probe, optimizer, config,
                                strategy.num_replicas_in_sync)
 
   @tf.function
   def train_steps(iterator, num_steps):
-    sums = tf.zeros([3])
-    peaks = tf.fill([2 + num_watched], -np.inf)
-    first = tf.constant([-1, -1], tf.int64)
+    output = tf.nest.map_structure(tf.constant, initial_output(watched))
     for _ in tf.range(num_steps):
       step = tf.cast(optimizer.iterations, tf.int64) + 1
-      step_sums, step_values = strategy.run(replica_step, args=next(iterator))
-      sums += strategy.reduce(tf.distribute.ReduceOp.SUM, step_sums,
-                              axis=None)
-      values = strategy.reduce(tf.distribute.ReduceOp.MEAN, step_values,
-                               axis=None)
-      peaks = tf.maximum(peaks, values)  # NaN stays NaN.
-      # Forward order: the activations, then the gradient.
-      bad = tf.logical_not(tf.math.is_finite(
-          tf.concat([values[2:], values[:1]], axis=0)))
-      first = tf.where(
-          tf.logical_and(first[0] < 0, tf.reduce_any(bad)),
-          tf.stack([step, tf.argmax(tf.cast(bad, tf.int64),
-                                    output_type=tf.int64)]), first)
-    return {"sums": sums, "peaks": peaks, "first_nonfinite": first}
+      values = _reduce_replicas(
+          strategy, strategy.run(replica_step, args=next(iterator)), watched)
+      values[FIRST_NONFINITE] = _first_nonfinite(values, watched, step)
+      output = merge(output, values)
+    return output
   return train_steps

@@ -6,9 +6,10 @@ budget in epochs, one after the other, each in its own model_dir
 (OUTPUT_DIR/<arm>/seed<k>), so that re-running the same command resumes an
 interrupted run and skips finished ones. A run that diverges is recorded
 with the step of its first NaN, not retried. `collect` reads what the runs
-wrote (TensorBoard scalars and each run's study.json) and `write_report`
-turns it into results.json, results.md (a markdown table) and curves.png
-(training loss and test top-1 against the step, one line per arm).
+wrote -- each run's metrics.jsonl, its one record: how it ended, its wall
+time and its curves -- and `write_report` turns it into results.json,
+results.md (a markdown table) and curves.png (training loss and test top-1
+against the step, one line per arm).
 `study_command` is what //bin:study does with them.
 
 The budget scales the presets' schedules: with T = epochs x steps per epoch
@@ -28,7 +29,9 @@ from identity_tf import cli
 from identity_tf import configs
 from identity_tf.training import run as run_lib
 
-RUN_FILE = "study.json"  # Per run: status, step of the NaN, wall time.
+# Where studies before metrics.jsonl recorded how it ended kept a run's
+# status, NaN step and wall time: read (`run_status`), never written.
+LEGACY_RUN_FILE = "study.json"
 RESULTS_JSON = "results.json"
 RESULTS_MARKDOWN = "results.md"
 CURVES_PNG = "curves.png"
@@ -87,20 +90,30 @@ def _scaled_boundaries(base, steps):
                for b in base.lr_boundaries)
 
 
-def read_run_file(model_dir):
-  path = os.path.join(model_dir, RUN_FILE)
-  if not os.path.exists(path):
-    return {"status": "pending", "nan_step": None, "wall_seconds": 0.0}
-  with open(path) as f:
-    return json.load(f)
+def run_status(model_dir, records):
+  """{"status", "nan_step", "wall_seconds"} of the run in MODEL_DIR whose
+  metrics.jsonl holds RECORDS: "done" or "diverged" as its last session
+  ended (`metrics.status`), else "pending" (not started, or not finished).
 
-
-def _write_run_file(model_dir, state):
-  os.makedirs(model_dir, exist_ok=True)
-  path = os.path.join(model_dir, RUN_FILE)
-  with open(path + ".tmp", "w") as f:
-    json.dump(state, f, indent=2, sort_keys=True)
-  os.replace(path + ".tmp", path)
+  Backward compatibility: a run of a study from before metrics.jsonl said
+  how a run ended has no "done" or "diverged" record; its study.json
+  (LEGACY_RUN_FILE) says it, and its wall time where metrics.jsonl is
+  missing.
+  """
+  from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
+  state = {"status": "pending", "nan_step": None,
+           "wall_seconds": metrics.wall_seconds(records)}
+  ended = metrics.status(records)
+  if ended and ended["status"] in ("done", "diverged"):
+    return {**state, **ended}
+  legacy = os.path.join(model_dir, LEGACY_RUN_FILE)
+  if os.path.exists(legacy):
+    with open(legacy) as f:
+      old = json.load(f)
+    state.update(status=old["status"], nan_step=old.get("nan_step"))
+    if not records:
+      state["wall_seconds"] = old.get("wall_seconds", 0.0)
+  return state
 
 
 def runs_of(study, arms=None, seeds=None):
@@ -149,22 +162,27 @@ def _train_run(config, model_dir, name, data_dir, echo):
   from identity_tf.training import preemption
   from identity_tf.training import trainer
   # pylint: enable=g-import-not-at-top
-  state = read_run_file(model_dir)
+  state = run_status(model_dir, metrics.read(model_dir))
   if state["status"] in ("done", "diverged"):
     echo(f"{name}: {state['status']} earlier, skipped")
     return
   echo(f"{name}: training {config.train_steps} steps into {model_dir}")
   try:
-    trainer.train(config, model_dir, data_dir=data_dir,
-                  echo=lambda line: echo(f"{name}: {line}"))
-    state = {"status": "done", "nan_step": None}
+    # The trainer's metrics.jsonl records how the run ends ("done" or
+    # "diverged"): nothing is written here.
+    outcome = trainer.train(config, model_dir, data_dir=data_dir,
+                            echo=lambda line: echo(f"{name}: {line}"))
   except diagnostics.NonFiniteLossError as e:
     echo(f"{name}: diverged: {e}")
-    state = {"status": "diverged", "nan_step": e.step}
   except preemption.PreemptedError:
     raise  # The run wrote a checkpoint; the same command resumes it.
-  state["wall_seconds"] = metrics.wall_seconds(metrics.read(model_dir))
-  _write_run_file(model_dir, state)
+  else:
+    if not outcome["trained"]:
+      # At its last step already (a kill came after its last checkpoint and
+      # before its "done" record): finished, and now recorded so.
+      with metrics.MetricsWriter(model_dir) as writer:
+        writer.done(outcome["step"])
+  state = run_status(model_dir, metrics.read(model_dir))
   echo(f"{name}: {state['status']} after {state['wall_seconds']:.0f} s")
 
 
@@ -174,12 +192,9 @@ def _run_results(model_dir, seed):
   from identity_tf.training import config_file
   from identity_tf.training import metrics
   # pylint: enable=g-import-not-at-top
-  state = read_run_file(model_dir)
   records = metrics.read(model_dir)
-  if records:  # Runs from before metrics.jsonl have only study.json's.
-    state["wall_seconds"] = metrics.wall_seconds(records)
-  train_scalars = _scalars(os.path.join(model_dir, metrics.TRAIN_DIR))
-  top1 = _scalars(os.path.join(model_dir, metrics.EVAL_DIR)).get("top1", [])
+  state = run_status(model_dir, records)
+  top1 = metrics.evaluation_curve(records)
   description = (config_file.read(model_dir)
                  if config_file.exists(model_dir) else None)
   config = description["config"] if description else None
@@ -192,32 +207,25 @@ def _run_results(model_dir, seed):
                                    / description["steps_per_epoch"], 2)}
                   if description else None,
       "images_per_second": rate, "machines": metrics.machines(records),
-      "time_to_top1": _time_to_top1(records, top1, rate, config),
+      "time_to_top1": _time_to_top1(records, rate, config),
       "final_top1": top1[-1][1] if top1 and state["status"] == "done"
                     else None,
       # The whole training set evaluated once at the end: what the run
       # fitted, beside what it generalised to.
       "train_set": metrics.training_set_evaluation(records),
       "best_top1": max(v for _, v in top1) if top1 else None,
-      "curves": {"train_loss": train_scalars.get("loss", []),
+      "curves": {"train_loss": metrics.training_loss_curve(records),
                  "test_top1": top1},
   }, config
 
 
-def _time_to_top1(records, top1, rate, config):
+def _time_to_top1(records, rate, config):
   """{"0.9": {"step", "wall_seconds", "estimated_seconds"} or None} per level
   of TOP1_LEVELS. wall_seconds is the training time it took (None where
   metrics.jsonl does not cover it); estimated_seconds, the examples to that
   evaluation at the run's median speed: what it takes undisturbed."""
   from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
   reached = metrics.time_to_levels(records, TOP1_LEVELS)
-  for level in TOP1_LEVELS:
-    # The event files hold every evaluation, metrics.jsonl those of the
-    # sessions since it existed: the first step comes from the former.
-    step = next((step for step, value in top1 if value >= level), None)
-    if step is not None and (reached[level] is None or
-                             step < reached[level]["step"]):
-      reached[level] = {"step": step, "wall_seconds": None}
   for point in reached.values():
     if point is not None:
       point["estimated_seconds"] = (
@@ -226,21 +234,11 @@ def _time_to_top1(records, top1, rate, config):
   return {str(level): point for level, point in reached.items()}
 
 
-def _scalars(log_dir):
-  """{tag: [(step, value)]} from LOG_DIR, the last value for a step kept
-  (a resumed run logs the steps after its checkpoint again)."""
-  from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(log_dir):
-    return {}
-  return {tag: sorted(dict(points).items())
-          for tag, points in metrics.read_scalars(log_dir).items()}
-
-
 def collect(study, output_dir, arms=None, seeds=None):
   """What the runs of STUDY in OUTPUT_DIR wrote, as a JSON-ready dict.
 
-  Per arm: its description and, per seed, status ("done", "diverged",
-  "running" or "pending"), nan_step, wall_seconds, final_top1 (the last
+  Per arm: its description and, per seed, status ("done", "diverged" or
+  "pending"; `run_status`), nan_step, wall_seconds, final_top1 (the last
   evaluation), best_top1 and the curves train_loss and test_top1 as
   [[step, value], ...]; plus the config of the first run found.
   """

@@ -16,6 +16,7 @@ began (`diagnostics`).
 """
 
 import datetime
+import functools
 import json
 import os
 import time
@@ -37,6 +38,9 @@ from identity_tf.training import optimization
 from identity_tf.training import preemption
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
+
+# The checkpoint's name of `Trainer.last_evaluated_step`.
+LAST_EVALUATED = "last_evaluated_step"
 
 
 def build_optimizer(run):
@@ -78,6 +82,12 @@ class Trainer:
     task_type, task_id = distribute.cluster_task()
     self.checkpoint_dir = run.model_dir if chief else os.path.join(
         run.model_dir, f".{task_type}{task_id}_tmp")
+    # The step of the last evaluation made before a checkpoint was written,
+    # saved in it: on resuming, whether the checkpoint's step still needs
+    # its evaluation (`_loop`). -1: none (or a checkpoint from before it was
+    # saved).
+    self.last_evaluated_step = tf.Variable(-1, dtype=tf.int64,
+                                           trainable=False)
     self.iterator = self.manager = self._evaluator = None
 
   @property
@@ -133,10 +143,13 @@ class Trainer:
       fn = self._input_fn(seed, start_step=skip_steps)
     return iter(strategy.distribute_datasets_from_function(fn))
 
-  def _checkpoint(self):
-    """The run's checkpoint: model, optimizer and, where tf.data can save it
-    (one replica per process), the input iterator."""
+  def _checkpoint(self, evaluated=True):
+    """The run's checkpoint: model, optimizer, with EVALUATED the step of
+    the last evaluation and, where tf.data can save it (one replica per
+    process), the input iterator."""
     trackables = dict(model=self.model, optimizer=self.optimizer)
+    if evaluated:
+      trackables[LAST_EVALUATED] = self.last_evaluated_step
     if isinstance(self.iterator, tf.data.Iterator):
       trackables["iterator"] = self.iterator
     return tf.train.Checkpoint(**trackables)
@@ -155,6 +168,12 @@ class Trainer:
       self.iterator = self._make_iterator(checkpoints.checkpoint_step(path))
       tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
           path).expect_partial().assert_existing_objects_matched()
+    if path is not None:
+      # Apart, and without the assertion: a checkpoint written before the
+      # step was saved has none, and the variable keeps -1 (`_loop` then
+      # evaluates the step if it is an evaluation step).
+      tf.train.Checkpoint(**{LAST_EVALUATED: self.last_evaluated_step}).read(
+          path).expect_partial()
     if path is not None and not isinstance(
         self.optimizer._learning_rate,  # pylint: disable=protected-access
         keras.optimizers.schedules.LearningRateSchedule):
@@ -177,7 +196,7 @@ class Trainer:
       # expect_partial: when the iterator does not fit, the values left
       # unrestored are not worth TensorFlow's warning -- the fallback below
       # restores model and optimizer again and says why.
-      self._checkpoint().restore(path).expect_partial(
+      self._checkpoint(evaluated=False).restore(path).expect_partial(
       ).assert_existing_objects_matched()
       return True
     except tf.errors.DataLossError as e:
@@ -213,8 +232,9 @@ class Trainer:
   def run_steps(self, num_steps):
     """Runs NUM_STEPS steps; returns `step.make_train_step`'s dict as NumPy."""
     if self._coordinator is None:
-      return {k: v.numpy() for k, v in self._train_steps(
-          self.iterator, tf.constant(num_steps)).items()}
+      return tf.nest.map_structure(lambda value: value.numpy(),
+                                   self._train_steps(self.iterator,
+                                                     tf.constant(num_steps)))
     # Asynchronous: closures of at most steps_per_loop steps on whichever
     # worker is free; each step updates the parameter servers on its own.
     results, remaining = [], num_steps
@@ -269,13 +289,10 @@ class Trainer:
 
 
 def merge_outputs(outputs):
-  """One `make_train_step` dict of the closures of a parameter-server call:
-  sums added, peaks the largest, the first non-finite step the earliest."""
-  bad = [o["first_nonfinite"] for o in outputs if o["first_nonfinite"][0] >= 0]
-  return {"sums": np.sum([o["sums"] for o in outputs], axis=0),
-          "peaks": np.max([o["peaks"] for o in outputs], axis=0),
-          "first_nonfinite": (min(bad, key=lambda b: b[0]) if bad
-                              else np.array([-1, -1]))}
+  """One `make_train_step` dict of the closures of a parameter-server call
+  (NumPy): each value combined as `step.VALUES` says, the first non-finite
+  step the earliest (`step.merge`)."""
+  return functools.reduce(lambda a, b: step_lib.merge(a, b, np), outputs)
 
 
 def resolve(config, model_dir, strategy, *, data_dir=None, info=None):
@@ -293,7 +310,7 @@ def resolve(config, model_dir, strategy, *, data_dir=None, info=None):
 
 
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
-          cluster_timeout=600.0, echo=print, dataset_fn=None):
+          cluster_timeout=600.0, echo=print, dataset_fn=None, verbose=False):
   """Trains CONFIG in MODEL_DIR, resuming from its latest checkpoint.
 
   Args:
@@ -306,18 +323,22 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     cluster_timeout: seconds a multi-worker cluster may take to form
       (`create_strategy`).
     echo: receives the progress lines (print by default).
+    verbose: ECHO receives the whole configuration, and every progress line
+      its divergence diagnostics (otherwise only abnormal ones:
+      `diagnostics.AbnormalSigns`).
     dataset_fn: replaces the input pipeline (experiments on data of your
       own): input_context -> tf.data.Dataset of per-replica (images, labels)
       batches, repeated forever; it must be deterministic in its position
       for exact resumes under several replicas.
 
-  Progress: every config.log_steps steps ECHO receives one JSON object:
-  step, loss and top-1 over the last steps, learning rate, images/s, and
-  what shows a divergence coming -- the largest global gradient norm, the
-  largest update/weight ratio and the largest RMS of each stage's
-  activations over those steps (`step.make_train_step`); every
-  config.eval_steps steps, and at the end, one with the evaluation. The same
-  records go to MODEL_DIR/metrics.jsonl and TensorBoard (`metrics`).
+  Progress: every config.log_steps steps one record: step, loss and top-1
+  over the last steps, learning rate, images/s, and what shows a
+  divergence coming -- the largest global gradient norm, the largest
+  update/weight ratio and the largest RMS of each stage's activations over
+  those steps (`step.make_train_step`); every config.eval_steps steps, and
+  at the end, one with the evaluation. Each goes to MODEL_DIR/metrics.jsonl
+  whole, to TensorBoard, and to ECHO as one line a person reads
+  (`metrics.progress_line`).
 
   Returns:
     {"step", "train_loss", "train_top1" (last logged window), "train_window"
@@ -356,14 +377,14 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
   if not distribute.is_chief():
     return _train(Trainer(run, strategy, chief=False, **trainer_options),
-                  echo)
+                  echo, verbose)
   checkpoints.check_writable(model_dir)
   with checkpoints.lock(model_dir):
     config_file.check_resumable(model_dir, config)
-    return _train(Trainer(run, strategy, **trainer_options), echo)
+    return _train(Trainer(run, strategy, **trainer_options), echo, verbose)
 
 
-def _train(trainer, echo):
+def _train(trainer, echo, verbose):
   """Restores TRAINER's run, writes config.json (the chief) and trains."""
   run = trainer.run
   latest = _restore(trainer, echo)
@@ -382,13 +403,16 @@ def _train(trainer, echo):
   if trainer.chief:
     config_file.record(run.model_dir, run.description(), step)
     # Shown once the run can start: an error before it is one line alone.
-    echo(json.dumps(run.description(model_dir=run.model_dir), indent=2,
-                    sort_keys=True))
+    # The whole of it is a hundred lines, config.json's.
+    echo(f"configuration: {config_file.path(run.model_dir)}")
+    if verbose:
+      echo(json.dumps(run.description(model_dir=run.model_dir), indent=2,
+                      sort_keys=True))
     note = distribute.precision_note(run.config.precision)
     if note:
       echo(note)
-  with metrics.MetricsWriter(run.model_dir, echo,
-                             enabled=trainer.chief) as writer:
+  with metrics.MetricsWriter(run.model_dir, echo, enabled=trainer.chief,
+                             verbose=verbose) as writer:
     writer.start(trainer.step, machine=distribute.machine())
     with preemption.Preemption(trainer.strategy, trainer.manager) as stop:
       try:
@@ -396,6 +420,10 @@ def _train(trainer, echo):
       except preemption.PreemptedError:
         writer.stopped(trainer.step, stop.signal)
         raise
+      except diagnostics.NonFiniteLossError as e:
+        writer.diverged(trainer.step, e.step)
+        raise
+    writer.done(result["step"])
   trainer.finish()
   return result
 
@@ -424,20 +452,21 @@ def _loop(trainer, writer, stop, echo):
   config, run = trainer.config, trainer.run
   step = trainer.step
   window = diagnostics.Window(trainer.watched)
+  signs = diagnostics.AbnormalSigns()
   result = {"step": step, "train_loss": None, "train_top1": None,
             "eval": None, "model_dir": run.model_dir, "trained": True}
   echo(f"training {config.model} on {config.dataset} for "
        f"{config.train_steps} steps, global batch {config.batch_size}, "
        f"{trainer.strategy.num_replicas_in_sync} replica(s) "
        f"({config.strategy}); model_dir {run.model_dir}")
-  evaluated_at, logged_at = None, step
+  logged_at = step
   if (trainer.chief and config.eval_steps and step > 0
       and step % config.eval_steps == 0
-      and step not in metrics.evaluated_steps(metrics.read(run.model_dir))):
+      and int(trainer.last_evaluated_step.numpy()) < step):
     # The stop (SIGTERM or a kill) came on an evaluation step, after its
     # checkpoint and before its evaluation: without this one the curve and
     # the time to each accuracy would skip an epoch.
-    result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
+    result["eval"] = _evaluate(trainer, writer, step)
   # The length of a call: one step first (tracing included, its pace is
   # unknown), then what ends within preemption.CALL_SECONDS at the last
   # call's pace, so that SIGTERM is honoured within about that (or a step).
@@ -463,31 +492,47 @@ def _loop(trainer, writer, stop, echo):
                              config.batch_size)
       if trainer.loss_scale is not None:
         record["loss_scale"] = trainer.loss_scale
-      writer.train(record, trainer.scalars(record))
+      writer.train(record, trainer.scalars(record),
+                   abnormal=signs.check(record))
       # The last window may be shorter than log_steps (a run's end, a short
       # run or resume): the summary names the steps it covers.
       result.update(train_loss=record["loss"], train_top1=record["top1"],
                     train_window=step - logged_at)
       logged_at = step
     stop.check(step, trainer.save)
-    if step % config.checkpoint_steps == 0 or last:
+    if last:
+      break  # `_finish`: the evaluations, then the checkpoint.
+    if step % config.checkpoint_steps == 0:
       echo(f"saved checkpoint {trainer.save(step)}")
-    if trainer.chief and config.eval_steps and (
-        step % config.eval_steps == 0 or last):
-      result["eval"], evaluated_at = _evaluate(trainer, writer, step), step
+    if trainer.chief and config.eval_steps and step % config.eval_steps == 0:
+      result["eval"] = _evaluate(trainer, writer, step)
   result["step"] = step
-  if config.eval_at_end and trainer.chief and evaluated_at != step:
+  return _finish(trainer, writer, result, echo)
+
+
+def _finish(trainer, writer, result, echo):
+  """The end of a run at RESULT["step"]: its evaluations (the chief), then
+  its last checkpoint, which so records them -- a run continued from it
+  with more --train_steps does not evaluate its step again, and a kill
+  during them leaves the previous checkpoint, from which the run replays
+  its last steps and evaluates. Returns RESULT, completed."""
+  config, step = trainer.config, result["step"]
+  if trainer.chief and (config.eval_steps or config.eval_at_end) and (
+      int(trainer.last_evaluated_step.numpy()) != step):
     result["eval"] = _evaluate(trainer, writer, step)
   if config.eval_train_at_end and trainer.chief:
     result["train_eval"] = trainer.evaluate_training_set()
     writer.training_set_evaluation(step, result["train_eval"])
+  echo(f"saved checkpoint {trainer.save(step)}")
   return result
 
 
 def _evaluate(trainer, writer, step):
-  """The evaluation of TRAINER's current weights, recorded at STEP."""
+  """The evaluation of TRAINER's current weights, recorded at STEP (and in
+  the checkpoints written from now on)."""
   scores = trainer.evaluate()
   writer.evaluation(step, scores)
+  trainer.last_evaluated_step.assign(step)
   return scores
 
 
