@@ -68,7 +68,8 @@ MODELS = {
 PEERS = ("fixup", "skipinit", "nf_resnet")
 DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
                 init="paper", seed=0, image_size=None, use_bias=False,
-                residual="plain", projection_scale="classes")
+                residual="plain", projection_scale="classes",
+                logit_scale=1.0)
 
 
 def input_size(name):
@@ -137,6 +138,10 @@ def resolve_options(name, **options):
                                and not opts["norm"]),
          f"model {name} is its authors' network: it takes neither "
          "residual= nor norm= (they change the paper's unit)")
+  _check(isinstance(opts["logit_scale"], (int, float))
+         and 0 < opts["logit_scale"] < float("inf"),
+         f"logit_scale must be a positive number, got "
+         f"{opts['logit_scale']!r}")
   _check(opts["projection_scale"] in PROJECTION_SCALES,
          f"unknown projection_scale {opts['projection_scale']!r}; valid: "
          f"{', '.join(PROJECTION_SCALES)}")

@@ -44,7 +44,8 @@ WEIGHT_DECAY_SCOPES = ("convolutions", "kernels", "all")
 # The fields that define the network and its input; a model_dir holds one
 # such network, so resuming with different values is refused.
 MODEL_FIELDS = ("model", "dataset", "width", "units", "init", "head", "norm",
-                "use_bias", "seed", "residual", "projection_scale")
+                "use_bias", "seed", "residual", "projection_scale",
+                "logit_scale")
 
 
 def _field(default, help_text):
@@ -99,6 +100,9 @@ class Config:
   projection_scale: str = _field(
       None, "Variance of the random projection's entries: classes "
       "(1/classes, the default) or features (1/d).")
+  logit_scale: float = _field(
+      None, "Multiplier of the random projection's entries: a fixed scale "
+      "of the logits (default 1).")
   # The data: any TFDS image-classification dataset, or "synthetic".
   dataset: str = _field("cifar10", "Dataset: synthetic (built in) or any TFDS "
                         "image-classification dataset, e.g. cifar10, "
@@ -477,6 +481,9 @@ STUDIES = {
             Arm("clip_first_epoch", _LITERAL, _CLIP + (
                 ("grad_clip_steps", 469),),
                 description="clipped during the first epoch only"),
+            Arm("logit_scale_4", "cifar10_paper", (("logit_scale", 4.0),),
+                description="clipped, the frozen projection's entries "
+                            "times 4"),
             Arm("lr_0.1", "cifar10_paper", (("learning_rate", 0.1),),
                 description="clipped, at twice the rate"),
             Arm("nesterov_cosine", "cifar10_paper", _COSINE,
@@ -542,7 +549,8 @@ def validate(config):
       config.model, width=config.width, units=config.units, init=config.init,
       head=config.head, norm=config.norm, use_bias=config.use_bias,
       seed=config.seed, residual=config.residual,
-      projection_scale=config.projection_scale)
+      projection_scale=config.projection_scale,
+      logit_scale=config.logit_scale)
   one_of("lr_schedule", SCHEDULES)
   one_of("weight_decay_scope", WEIGHT_DECAY_SCOPES)
   one_of("strategy", STRATEGIES)

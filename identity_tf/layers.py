@@ -314,11 +314,12 @@ class RandomProjection(keras.layers.Layer):
   residual units. It is a non-trainable weight: absent from
   `trainable_weights`, untouched by `fit`, but saved in checkpoints and
   `.keras` files like any other weight. `trainable=True` makes it an ordinary
-  trainable linear head (used by the batch-norm baseline).
+  trainable linear head (used by the batch-norm baseline). `logit_scale`
+  multiplies the drawn entries: a fixed scale of the logits.
   """
 
   def __init__(self, units, seed=0, trainable=False, scale="classes",
-               **kwargs):
+               logit_scale=1.0, **kwargs):
     super().__init__(trainable=trainable, **kwargs)
     if units <= 0:
       raise ValueError(f"RandomProjection needs units > 0, got {units}")
@@ -328,12 +329,14 @@ class RandomProjection(keras.layers.Layer):
     self.units = int(units)
     self.seed = int(seed)
     self.scale = scale
+    self.logit_scale = float(logit_scale)
 
   def build(self, input_shape):
     d = input_shape[-1]
     rng = np.random.default_rng(self.seed)
     fan = self.units if self.scale == "classes" else d
-    matrix = rng.standard_normal((d, self.units)) / math.sqrt(fan)
+    matrix = (rng.standard_normal((d, self.units)) / math.sqrt(fan)
+              * self.logit_scale)
     self.kernel = self.add_weight(
         name="kernel", shape=(d, self.units),
         initializer=keras.initializers.Constant(matrix.astype("float32")),
@@ -347,4 +350,4 @@ class RandomProjection(keras.layers.Layer):
 
   def get_config(self):
     return {**super().get_config(), "units": self.units, "seed": self.seed,
-            "scale": self.scale}
+            "scale": self.scale, "logit_scale": self.logit_scale}

@@ -152,7 +152,8 @@ def _head(opts, x, before_classifier=None):
     return layers.RandomProjection(
         opts["classes"], seed=opts["seed"],
         trainable=opts["head"] == "trainable",
-        scale=opts["projection_scale"], dtype=head_dtype,
+        scale=opts["projection_scale"], logit_scale=opts["logit_scale"],
+        dtype=head_dtype,
         name="projection")(x)
   kernel = ("zeros" if opts["head"] == "zero" else
             keras.initializers.RandomNormal(stddev=0.01, seed=opts["seed"]))

@@ -212,6 +212,21 @@ class GainTest(absltest.TestCase):
     np.testing.assert_allclose(unit(x).numpy(), x + 3 * branch, atol=1e-5)
 
 
+class LogitScaleTest(absltest.TestCase):
+
+  def test_the_frozen_projection_scales_the_logits(self):
+    h = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    plain = layers.RandomProjection(10, seed=4)
+    scaled = layers.RandomProjection(10, seed=4, logit_scale=4.0)
+    np.testing.assert_allclose(scaled(h).numpy(), 4 * plain(h).numpy(),
+                               rtol=1e-5)
+    self.assertEqual(scaled.trainable_weights, [])
+    net = model_lib.build_model("cifar10", **TINY, logit_scale=4.0)
+    self.assertEqual(net.get_layer("projection").logit_scale, 4.0)
+    with self.assertRaisesRegex(ValueError, "logit_scale must be a positive"):
+      model_lib.build_model("cifar10", **TINY, logit_scale=-1.0)
+
+
 class RecipeTest(absltest.TestCase):
 
   def test_weight_decay_scopes(self):

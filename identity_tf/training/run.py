@@ -161,7 +161,8 @@ def _model_options(config, num_classes):
       init=config.init, seed=config.seed,
       image_size=architectures.input_size(config.model),
       use_bias=config.use_bias, residual=config.residual,
-      projection_scale=config.projection_scale)
+      projection_scale=config.projection_scale,
+      logit_scale=config.logit_scale)
   return {**options, "units": list(options["units"])}
 
 
