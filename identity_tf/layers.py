@@ -73,27 +73,53 @@ def shortcut(x, channels, strides):
   return x
 
 
-class _ConvUnitBase(keras.layers.Layer):
+class StridedUnit(keras.layers.Layer):
+  """What every residual unit of a stage shares, this package's and the
+  later methods' (`identity_tf.peers`): FILTERS output channels, the
+  stride of its first convolution, the SEED of its weights, and so its
+  output shape."""
+
+  def __init__(self, filters, strides=1, seed=None, **kwargs):
+    super().__init__(**kwargs)
+    if filters <= 0 or strides <= 0:
+      raise ValueError(f"{type(self).__name__} needs positive filters and "
+                       f"strides; got {filters}, {strides}")
+    self.filters, self.strides, self.seed = int(filters), int(strides), seed
+
+  def _check_input(self, input_shape):
+    if input_shape[-1] > self.filters:
+      raise ValueError(
+          f"{self.name}: a residual unit cannot shrink {input_shape[-1]} "
+          f"channels to {self.filters}; use filters >= input channels")
+
+  def compute_output_shape(self, input_shape):
+    def out(n):
+      return None if n is None else -(-n // self.strides)
+    return (input_shape[0], out(input_shape[1]), out(input_shape[2]),
+            self.filters)
+
+  def get_config(self):
+    return {**super().get_config(), "filters": self.filters,
+            "strides": self.strides, "seed": self.seed}
+
+
+class _ConvUnitBase(StridedUnit):
   """Configuration shared by the two convolutional residual units."""
 
   def __init__(self, filters, strides=1, use_bias=False,
                kernel_initializer="paper", kernel_size=3, seed=None,
                branch_dtype=None, **kwargs):
-    super().__init__(**kwargs)
+    super().__init__(filters, strides, seed, **kwargs)
     # The branch's own dtype policy (e.g. "mixed_bfloat16" inside a float32
     # unit: the branch computed in 16 bits, added to a float32 stream).
     # None: the unit's.
     self.branch_dtype = branch_dtype
-    if filters <= 0 or strides <= 0 or kernel_size <= 0:
-      raise ValueError(
-          f"{type(self).__name__} needs positive filters, strides and "
-          f"kernel_size; got {filters}, {strides}, {kernel_size}")
-    self.filters = int(filters)
-    self.strides = int(strides)
+    if kernel_size <= 0:
+      raise ValueError(f"{type(self).__name__} needs a positive kernel_size;"
+                       f" got {kernel_size}")
     self.use_bias = bool(use_bias)
     self.kernel_initializer = kernel_initializer
     self.kernel_size = int(kernel_size)
-    self.seed = seed
 
   def _conv(self, strides, seed_offset, name, init=None):
     init = init or self.kernel_initializer
@@ -109,26 +135,13 @@ class _ConvUnitBase(keras.layers.Layer):
         use_bias=self.use_bias, kernel_initializer=init, name=name,
         dtype=self.branch_dtype or self.dtype_policy)
 
-  def _check_input(self, input_shape):
-    if input_shape[-1] > self.filters:
-      raise ValueError(
-          f"{self.name}: a residual unit cannot shrink {input_shape[-1]} "
-          f"channels to {self.filters}; use filters >= input channels")
-
-  def compute_output_shape(self, input_shape):
-    def out(n):
-      return None if n is None else -(-n // self.strides)
-    return (input_shape[0], out(input_shape[1]), out(input_shape[2]),
-            self.filters)
-
   def get_config(self):
     init = self.kernel_initializer
     if not isinstance(init, str):
       init = keras.initializers.serialize(init)
-    return {**super().get_config(), "filters": self.filters,
-            "strides": self.strides, "use_bias": self.use_bias,
+    return {**super().get_config(), "use_bias": self.use_bias,
             "kernel_initializer": init, "kernel_size": self.kernel_size,
-            "seed": self.seed, "branch_dtype": self.branch_dtype}
+            "branch_dtype": self.branch_dtype}
 
   @classmethod
   def from_config(cls, config):

@@ -16,6 +16,7 @@ import keras
 from keras import ops
 
 from identity_tf import architectures
+from identity_tf import layers
 
 PACKAGE = "identity_tf"
 
@@ -46,7 +47,7 @@ def subsample_shortcut(x, channels, strides):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class FixupUnit(keras.layers.Layer):
+class FixupUnit(layers.StridedUnit):
   """ReLU(S(x + b1) + s C2(ReLU(C1(x + b1) + b2) + b3) + b4).
 
   C1, C2: 3x3 convolutions without bias (C1 with the stride). C2 = 0 and
@@ -60,18 +61,14 @@ class FixupUnit(keras.layers.Layer):
 
   def __init__(self, filters, strides=1, num_branches=1, seed=None,
                **kwargs):
-    super().__init__(**kwargs)
-    if filters <= 0 or strides <= 0 or num_branches < 1:
-      raise ValueError(f"FixupUnit needs positive filters, strides and "
-                       f"num_branches; got {filters}, {strides}, "
+    super().__init__(filters, strides, seed, **kwargs)
+    if num_branches < 1:
+      raise ValueError(f"FixupUnit needs num_branches >= 1; got "
                        f"{num_branches}")
-    self.filters, self.strides = int(filters), int(strides)
-    self.num_branches, self.seed = int(num_branches), seed
+    self.num_branches = int(num_branches)
 
   def build(self, input_shape):
-    if input_shape[-1] > self.filters:
-      raise ValueError(f"{self.name}: cannot shrink {input_shape[-1]} "
-                       f"channels to {self.filters}")
+    self._check_input(input_shape)
     self.conv1 = keras.layers.Conv2D(
         self.filters, 3, strides=self.strides, padding="same",
         use_bias=False, name="conv1", dtype=self.dtype_policy,
@@ -100,16 +97,8 @@ class FixupUnit(keras.layers.Layer):
                                                      self.strides)
     return ops.relu(skip + ops.cast(branch, skip.dtype))
 
-  def compute_output_shape(self, input_shape):
-    def out(n):
-      return None if n is None else -(-n // self.strides)
-    return (input_shape[0], out(input_shape[1]), out(input_shape[2]),
-            self.filters)
-
   def get_config(self):
-    return {**super().get_config(), "filters": self.filters,
-            "strides": self.strides, "num_branches": self.num_branches,
-            "seed": self.seed}
+    return {**super().get_config(), "num_branches": self.num_branches}
 
 
 def build(arch, opts, inputs, head):

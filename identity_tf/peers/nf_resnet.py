@@ -21,6 +21,7 @@ import keras
 from keras import ops
 
 from identity_tf import architectures
+from identity_tf import layers
 
 PACKAGE = "identity_tf"
 # gamma for ReLU: E[ReLU(z)^2] - E[ReLU(z)]^2 = (1 - 1/pi) / 2 for z ~
@@ -89,7 +90,7 @@ class ScaledWSConv2D(keras.layers.Conv2D):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class NFUnit(keras.layers.Layer):
+class NFUnit(layers.StridedUnit):
   """h -> S(h) + alpha a C2(gamma ReLU(C1(x))), x = gamma ReLU(h) beta.
 
   C1 (with the stride) and C2: 3x3 `ScaledWSConv2D`s with biases. S is the
@@ -100,12 +101,10 @@ class NFUnit(keras.layers.Layer):
 
   def __init__(self, filters, strides=1, alpha=ALPHA, beta=1.0, seed=None,
                **kwargs):
-    super().__init__(**kwargs)
-    if filters <= 0 or strides <= 0 or beta <= 0:
-      raise ValueError(f"NFUnit needs positive filters, strides and beta; "
-                       f"got {filters}, {strides}, {beta}")
-    self.filters, self.strides = int(filters), int(strides)
-    self.alpha, self.beta, self.seed = float(alpha), float(beta), seed
+    super().__init__(filters, strides, seed, **kwargs)
+    if beta <= 0:
+      raise ValueError(f"NFUnit needs a positive beta; got {beta}")
+    self.alpha, self.beta = float(alpha), float(beta)
 
   def _conv(self, kernel, strides, offset, name):
     seed = None if self.seed is None else self.seed + offset
@@ -136,16 +135,8 @@ class NFUnit(keras.layers.Layer):
     branch = branch * ops.cast(self.skip_gain * self.alpha, branch.dtype)
     return shortcut + ops.cast(branch, shortcut.dtype)
 
-  def compute_output_shape(self, input_shape):
-    def out(n):
-      return None if n is None else -(-n // self.strides)
-    return (input_shape[0], out(input_shape[1]), out(input_shape[2]),
-            self.filters)
-
   def get_config(self):
-    return {**super().get_config(), "filters": self.filters,
-            "strides": self.strides, "alpha": self.alpha, "beta": self.beta,
-            "seed": self.seed}
+    return {**super().get_config(), "alpha": self.alpha, "beta": self.beta}
 
 
 def expected_stds(plan, alpha=ALPHA):

@@ -20,24 +20,15 @@ PACKAGE = "identity_tf"
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class SkipInitUnit(keras.layers.Layer):
+class SkipInitUnit(layers.StridedUnit):
   """x -> S(x) + a C2(ReLU(C1(ReLU(x)))), a = 0 at initialisation.
 
   C1 (with the stride) and C2: 3x3 convolutions without bias, drawn from
   He et al.'s N(0, 2 / fan_in). S: `layers.shortcut` (the baseline's).
   """
 
-  def __init__(self, filters, strides=1, seed=None, **kwargs):
-    super().__init__(**kwargs)
-    if filters <= 0 or strides <= 0:
-      raise ValueError(f"SkipInitUnit needs positive filters and strides; "
-                       f"got {filters}, {strides}")
-    self.filters, self.strides, self.seed = int(filters), int(strides), seed
-
   def build(self, input_shape):
-    if input_shape[-1] > self.filters:
-      raise ValueError(f"{self.name}: cannot shrink {input_shape[-1]} "
-                       f"channels to {self.filters}")
+    self._check_input(input_shape)
     def conv(strides, offset, name):
       seed = None if self.seed is None else self.seed + offset
       return keras.layers.Conv2D(
@@ -56,16 +47,6 @@ class SkipInitUnit(keras.layers.Layer):
     branch = branch * ops.cast(self.skip_gain, branch.dtype)
     return (layers.shortcut(x, self.filters, self.strides)
             + ops.cast(branch, x.dtype))
-
-  def compute_output_shape(self, input_shape):
-    def out(n):
-      return None if n is None else -(-n // self.strides)
-    return (input_shape[0], out(input_shape[1]), out(input_shape[2]),
-            self.filters)
-
-  def get_config(self):
-    return {**super().get_config(), "filters": self.filters,
-            "strides": self.strides, "seed": self.seed}
 
 
 def build(arch, opts, inputs, head):
