@@ -338,6 +338,42 @@ def resume_point(model_dir, chief=True, echo=None):
   return intact[0] if intact else None
 
 
+# Seconds a worker that is not the chief waits for the chief's checkpoint of
+# the step it ended at (both save it at once) before keeping its own copy.
+CHIEF_CHECKPOINT_WAIT = 30.0
+
+
+def discard_worker_copy(worker_dir, model_dir, wait=CHIEF_CHECKPOINT_WAIT):
+  """Removes WORKER_DIR, the checkpoints of a multi-worker worker that is not
+  the chief, once the chief's checkpoint of the same step or a later one is
+  whole in MODEL_DIR (with its .sha256 record, written last).
+
+  tf.distribute has every worker save and the non-chief copies thrown away:
+  that is safe only where the chief's copy exists. Where it does not appear
+  within WAIT seconds -- a model_dir the workers do not share, a chief that
+  failed to save -- the worker's copy is the only one: it is kept, and
+  ValueError (one line) says where.
+  """
+  if not tf.io.gfile.exists(worker_dir):
+    return
+  mine = checkpoint_prefixes(worker_dir)
+  if mine:
+    step = checkpoint_step(mine[0])
+    deadline = time.monotonic() + wait
+    while not any(checkpoint_step(p) >= step and
+                  tf.io.gfile.exists(p + ".sha256")
+                  for p in checkpoint_prefixes(model_dir)):
+      if time.monotonic() >= deadline:
+        raise ValueError(
+            f"the chief's checkpoint of step {step} is not in "
+            f"--model_dir={model_dir} (waited {wait:g} s), so this worker "
+            f"kept its own copy in {worker_dir}: --model_dir must be a "
+            "directory every worker of the cluster sees (docs/training.md, "
+            "Strategies)")
+      time.sleep(0.5)
+  tf.io.gfile.rmtree(worker_dir)
+
+
 def save(manager, step, directory):
   """MANAGER's checkpoint of STEP in DIRECTORY, with its digest; its path.
 

@@ -51,9 +51,13 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
     cli.exit_with(f"error: {e}", 1)
   except tf.errors.OpError as e:
     cli.exit_with(f"error: {distribute.describe_failure(e)}", 1)
-  if distribute.is_chief():
+  if distribute.is_chief(config.strategy):
     for line in summary(outcome, config, model_dir):
       result(line)
+  else:
+    task_type, task_id = distribute.cluster_task(config.strategy)
+    result(f"done: {task_type} {task_id} of the cluster stopped at step "
+           f"{outcome['step']}; the chief wrote the run to {model_dir}")
 
 
 def _dry_run(config, model_dir, data_dir, progress, result):
@@ -69,6 +73,7 @@ def _dry_run(config, model_dir, data_dir, progress, result):
     raise ValueError(f"--model_dir={model_dir} is a file, not a "
                      "directory; pick another --model_dir")
   config_file.check_resumable(model_dir, config)
+  distribute.check_tf_config(config.strategy, progress)
   progress(json.dumps(run.description(model_dir=model_dir), indent=2,
                       sort_keys=True))
   result(f"dry run: the configuration above is valid; nothing was "

@@ -74,7 +74,7 @@ class Trainer:
         strategy, self.model, self.optimizer, run.config)
     # Every worker writes checkpoints (MultiWorkerMirroredStrategy wants all
     # of them to save), but only the chief's go to model_dir.
-    task_type, task_id = distribute.cluster_task()
+    task_type, task_id = distribute.cluster_task(run.config.strategy)
     self.checkpoint_dir = run.model_dir if chief else os.path.join(
         run.model_dir, f".{task_type}{task_id}_tmp")
     self.iterator = self.manager = self._evaluator = None
@@ -202,9 +202,10 @@ class Trainer:
     return checkpoints.save(self.manager, step, self.checkpoint_dir)
 
   def finish(self):
-    """A worker's own checkpoints (not the chief's) are scratch."""
+    """A worker's own checkpoints (not the chief's) are scratch once the
+    chief's of the same step is in model_dir (`discard_worker_copy`)."""
     if not self.chief:
-      tf.io.gfile.rmtree(self.checkpoint_dir)
+      checkpoints.discard_worker_copy(self.checkpoint_dir, self.run.model_dir)
 
   # -------------------------------------------------------------------------
   # Steps, evaluation and what a progress line reports.
@@ -341,7 +342,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
                 info=(tfds_data.dataset_info(config.dataset, data_dir)
                       if dataset_fn else None))
   trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
-  if not distribute.is_chief():
+  if not distribute.is_chief(config.strategy):
     return _train(Trainer(run, strategy, chief=False, **trainer_options),
                   echo)
   checkpoints.check_writable(model_dir)

@@ -1,0 +1,155 @@
+"""Issue 51: runs that cannot be lost or silently wrong. Each test makes one
+mistake a user (or an attacker) makes as a user would, with the binaries,
+and checks the exit status, the one line a person sees and the files before
+and after: a stray TF_CONFIG, a checkpoint of another network, stored
+settings a command changes, hostile archives, arrays and servers."""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+
+from absl.testing import absltest
+
+import testing
+
+# A tiny run: seconds per command on two cores.
+TINY = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
+        "--log_steps=10", "--steps_per_loop=10", "--checkpoint_steps=10",
+        "--num_eval_examples=100", "--keep_checkpoints=10"]
+
+
+def _env(tf_config=None):
+  """Our environment with TF_CONFIG set to TF_CONFIG (a str: as given; else
+  as JSON) or removed (None)."""
+  env = dict(os.environ)
+  env.pop("TF_CONFIG", None)
+  if tf_config is not None:
+    env["TF_CONFIG"] = (tf_config if isinstance(tf_config, str)
+                        else json.dumps(tf_config))
+  return env
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def _checkpoint_steps(directory):
+  """The steps of the ckpt-<step>.index files in DIRECTORY, read off the
+  names (not through the code under test)."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(m.group(1)) for m in (
+      re.fullmatch(r"ckpt-(\d+)\.index", name)
+      for name in os.listdir(directory)) if m)
+
+
+def _metrics_steps(model_dir):
+  """The steps of metrics.jsonl's training records."""
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return [r["step"] for r in records if "loss" in r and "eval" not in r]
+
+
+class TfConfigTest(testing.ProcessTestCase):
+  """Item 1: TF_CONFIG matters to the cluster strategies alone."""
+
+  # A worker that is not the chief of a cluster that does not exist.
+  LEFTOVER = {"cluster": {"worker": ["127.0.0.1:29001", "127.0.0.1:29002"]},
+              "task": {"type": "worker", "index": 1}}
+
+  def test_a_leftover_tf_config_is_ignored_by_one_process_strategies(self):
+    for strategy in ("default", "mirrored"):
+      model_dir = os.path.join(self.create_tempdir().full_path, "run")
+      first = testing.run_binary(
+          "train", *TINY, "--train_steps=20", f"--strategy={strategy}",
+          f"--model_dir={model_dir}", env=_env(self.LEFTOVER))
+      self.assertEqual(first.returncode, 0, first.stderr)
+      notes = [line for line in first.stderr.splitlines()
+               if "TF_CONFIG" in line]
+      self.assertLen(notes, 1, first.stderr)
+      self.assertStartsWith(notes[0], "note: TF_CONFIG is set but ignored: "
+                            f"--strategy={strategy} trains in this one "
+                            "process")
+      self.assertStartsWith(first.stdout, "done: step 20")
+      # The run is in model_dir, nowhere else, and nothing was deleted.
+      self.assertEqual(_checkpoint_steps(model_dir), [10, 20])
+      self.assertTrue(os.path.exists(os.path.join(model_dir, "config.json")))
+      self.assertEqual([n for n in os.listdir(model_dir) if "tmp" in n], [])
+      self.assertEqual(_metrics_steps(model_dir), [10, 20])
+      # Resumed the same way: from step 20 to 40, in model_dir.
+      second = testing.run_binary(
+          "train", *TINY, "--train_steps=40", f"--strategy={strategy}",
+          f"--model_dir={model_dir}", env=_env(self.LEFTOVER))
+      self.assertEqual(second.returncode, 0, second.stderr)
+      self.assertIn(f"resumed from {model_dir}/ckpt-20 at step 20",
+                    second.stderr)
+      self.assertStartsWith(second.stdout, "done: step 40")
+      self.assertEqual(_checkpoint_steps(model_dir), [10, 20, 30, 40])
+      self.assertEqual(_metrics_steps(model_dir), [10, 20, 30, 40])
+
+  def test_an_invalid_tf_config_is_named_and_changes_nothing(self):
+    model_dir = os.path.join(self.create_tempdir().full_path, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       f"--model_dir={model_dir}", env=_env(), check=True)
+    before = testing.snapshot(model_dir)
+    cases = [('{"cluster": {"worker": [', "default",
+              "error: TF_CONFIG is not valid JSON ("),
+             ("[1, 2]", "mirrored", "error: TF_CONFIG must be a JSON object, "
+              "got list;"),
+             ('{"cluster": [], "task": {}}', "multi_worker_mirrored",
+              "error: TF_CONFIG's \"cluster\" must be a JSON object, got "
+              "list;"),
+             ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": '
+              '"worker", "index": "one"}}', "multi_worker_mirrored",
+              "error: TF_CONFIG's task \"index\" must be a whole number >= 0,"
+              " got 'one';")]
+    for tf_config, strategy, line in cases:
+      with self.subTest(tf_config=tf_config, strategy=strategy):
+        result = testing.run_binary(
+            "train", *TINY, "--train_steps=20", f"--strategy={strategy}",
+            f"--model_dir={model_dir}", env=_env(tf_config))
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertStartsWith(testing.last_stderr_line(result), line)
+        self.assertIn("unset it", testing.last_stderr_line(result))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(testing.snapshot(model_dir), before)
+
+  def test_a_worker_whose_chief_copy_is_missing_keeps_its_own(self):
+    # Two workers of a real cluster, each given its own model_dir, as on two
+    # machines without a shared filesystem: worker 1's checkpoints are the
+    # only copy it can see, so it must not delete them and call it done.
+    root = self.create_tempdir().full_path
+    dirs = [os.path.join(root, f"worker{i}") for i in range(2)]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    workers = [self.start_binary(
+        "train", *TINY, "--train_steps=10", "--eval_at_end=false",
+        "--strategy=multi_worker_mirrored", f"--model_dir={dirs[i]}",
+        env=_env({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+               for i in range(2)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    self.assertEqual(workers[0].returncode, 0, outputs[0][1])
+    self.assertEqual(_checkpoint_steps(dirs[0]), [10])
+    self.assertEqual(workers[1].returncode, 1, outputs[1][1])
+    scratch = os.path.join(dirs[1], ".worker1_tmp")
+    last = [line for line in outputs[1][1].splitlines() if line.strip()][-1]
+    self.assertEqual(
+        last, f"error: the chief's checkpoint of step 10 is not in "
+        f"--model_dir={dirs[1]} (waited 30 s), so this worker kept its own "
+        f"copy in {scratch}: --model_dir must be a directory every worker of "
+        "the cluster sees (docs/training.md, Strategies)")
+    self.assertEqual(_checkpoint_steps(scratch), [10])
+    self.assertEqual(outputs[1][0], "")
+
+
+if __name__ == "__main__":
+  absltest.main()
