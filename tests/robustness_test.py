@@ -151,5 +151,101 @@ class TfConfigTest(testing.ProcessTestCase):
     self.assertEqual(outputs[1][0], "")
 
 
+class ForeignCheckpointTest(testing.SharedRootTestCase):
+  """Item 2: a checkpoint of another network is refused in one line naming
+  both networks, whoever restores it, and nothing is written."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # Three tiny runs that differ in one network option each: skipinit adds
+    # a scalar per residual block, width changes every kernel's shape.
+    cls.runs = {name: os.path.join(cls.root, name) for name in
+                ("plain", "skipinit", "wide")}
+    testing.run_binaries("train", {
+        "plain": [*TINY, "--train_steps=10",
+                  f"--model_dir={cls.runs['plain']}"],
+        "skipinit": [*TINY, "--train_steps=10", "--residual=skipinit",
+                     f"--model_dir={cls.runs['skipinit']}"],
+        "wide": [*TINY[:1], "--width=0.125", *TINY[2:], "--train_steps=10",
+                 f"--model_dir={cls.runs['wide']}"]}, workers=2)
+    for name, model_dir in cls.runs.items():
+      assert _checkpoint_steps(model_dir) == [10], (name, model_dir)
+
+  def _refused(self, result, run, checkpoint_run, theirs, ours):
+    """RESULT refused CHECKPOINT_RUN's checkpoint for RUN in one line that
+    names the option where they differ, with both values."""
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("could not be found", result.stderr)  # TF's warnings.
+    line = testing.last_stderr_line(result)
+    checkpoint = os.path.join(self.runs[checkpoint_run], "ckpt-10")
+    self.assertStartsWith(
+        line, f"error: checkpoint {checkpoint} holds another network than the "
+        f"cifar10 network of --model_dir={self.runs[run]}'s config.json: ")
+    self.assertIn(f"its run's {self.runs[checkpoint_run]}/config.json "
+                  f"describes {theirs} where this run has {ours}; nothing "
+                  "was restored", line)
+
+  def test_evaluate_and_export_refuse_another_network(self):
+    cases = [("skipinit", "plain", "residual='plain'", "residual='skipinit'",
+              "3 of the network's"),
+             ("plain", "skipinit", "residual='skipinit'", "residual='plain'",
+              "3 of its variables are not in the network"),
+             ("plain", "wide", "width=0.125", "width=0.0625",
+              "differ in shape")]
+    before = {name: testing.snapshot(d) for name, d in self.runs.items()}
+    for run, other, theirs, ours, problem in cases:
+      checkpoint = os.path.join(self.runs[other], "ckpt-10")
+      export_dir = os.path.join(self.root, f"export-{run}-{other}")
+      results = testing.run_binaries("evaluate", {
+          "evaluate": [f"--model_dir={self.runs[run]}",
+                       f"--checkpoint={checkpoint}"]}, workers=1)
+      results["export"] = testing.run_binary(
+          "export", f"--model_dir={self.runs[run]}",
+          f"--checkpoint={checkpoint}", f"--export_dir={export_dir}")
+      for binary, result in results.items():
+        with self.subTest(binary=binary, run=run, checkpoint=other):
+          self._refused(result, run, other, theirs, ours)
+          self.assertIn(problem, testing.last_stderr_line(result))
+          self.assertEqual(result.stdout, "")
+      self.assertEqual(testing.snapshot(export_dir), {})
+      self.assertEqual({n: testing.snapshot(d) for n, d in self.runs.items()},
+                       before)
+    # A checkpoint of its own network still evaluates.
+    own = testing.run_binary("evaluate", f"--model_dir={self.runs['plain']}",
+                             "--write_summaries=false", check=True)
+    self.assertEqual(json.loads(own.stdout)["global_step"], 10)
+
+  def test_training_refuses_to_resume_another_network(self):
+    # skipinit's checkpoint put in place of plain's own (a copy gone wrong).
+    model_dir = os.path.join(self.root, "mixed")
+    shutil.copytree(self.runs["plain"], model_dir)
+    for name in os.listdir(model_dir):
+      if name.startswith("ckpt-10."):
+        shutil.copy(os.path.join(self.runs["skipinit"], name),
+                    os.path.join(model_dir, name))
+    before = testing.snapshot(model_dir)
+    result = testing.run_binary("train", *TINY, "--train_steps=20",
+                                f"--model_dir={model_dir}")
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertStartsWith(
+        testing.last_stderr_line(result),
+        f"error: checkpoint {model_dir}/ckpt-10 holds another network than "
+        f"the cifar10 network of --model_dir={model_dir}'s config.json: 3 of "
+        "its variables are not in the network (e.g. ")
+    self.assertIn("although " + os.path.join(model_dir, "config.json") +
+                  " describes the same network",
+                  testing.last_stderr_line(result))
+    # Nothing trained, nothing written (the checkpoint state file may be
+    # rewritten to list the same checkpoint; the lock names its holder).
+    after = testing.snapshot(model_dir)
+    for files in (before, after):
+      files.pop("checkpoint", None)
+      files.pop(".train.lock", None)
+    self.assertEqual(after, before)
+
+
 if __name__ == "__main__":
   absltest.main()

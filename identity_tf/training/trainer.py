@@ -150,6 +150,8 @@ class Trainer:
     uninterrupted stream would.
     """
     self.iterator = self._make_iterator(0)
+    if path is not None:  # One line, nothing restored, if it does not fit.
+      checkpoints.check_network(self.model, path, self.run)
     if path is not None and not self._restore_with_iterator(path):
       self.iterator = self._make_iterator(checkpoints.checkpoint_step(path))
       tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
