@@ -247,5 +247,53 @@ class ForeignCheckpointTest(testing.SharedRootTestCase):
     self.assertEqual(after, before)
 
 
+def _show(value):
+  return value if isinstance(value, str) else json.dumps(value)
+
+
+class StoredSettingsTest(testing.SharedRootTestCase):
+  """Item 3: a command that changes stored settings says which, one line
+  each, "name: from \u2192 to"."""
+
+  def test_every_stored_setting_a_preset_changes_is_printed(self):
+    model_dir = os.path.join(self.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--learning_rate=0.002", "--checkpoint_steps=5",
+                       f"--model_dir={model_dir}", check=True)
+    config_path = os.path.join(model_dir, "config.json")
+    with open(config_path) as f:
+      stored = json.load(f)["config"]
+    # A dry run shows what the command would change, and writes nothing.
+    before = testing.snapshot(model_dir)
+    dry = testing.run_binary("train", *TINY, "--train_steps=20",
+                             f"--model_dir={model_dir}", "--dry_run",
+                             check=True)
+    self.assertEqual(testing.snapshot(model_dir), before)
+    self.assertIn(f"would change in {config_path}:\n", dry.stderr)
+    # The preset's values replace the stored ones: the command trains.
+    result = testing.run_binary("train", *TINY, "--train_steps=20",
+                                f"--model_dir={model_dir}", check=True)
+    with open(config_path) as f:
+      applied = json.load(f)["config"]
+    # The lines expected, from the files before and after.
+    expected = [f"{name}: {_show(stored[name])} \u2192 {_show(value)}"
+                for name, value in applied.items() if stored[name] != value]
+    self.assertCountEqual(expected, [
+        "train_steps: 10 \u2192 20", "learning_rate: 0.002 \u2192 0.01",
+        "checkpoint_steps: 5 \u2192 10"])
+    for output in (dry.stderr, result.stderr):
+      lines = output.splitlines()
+      self.assertCountEqual([line for line in lines if "\u2192" in line],
+                            expected)
+    self.assertIn(f"changed in {config_path} from step 10:", result.stderr)
+    self.assertStartsWith(result.stdout, "done: step 20")
+    # A command that changes nothing says nothing of changes.
+    again = testing.run_binary("train", *TINY, "--train_steps=20",
+                               f"--model_dir={model_dir}", "--dry_run",
+                               check=True)
+    self.assertNotIn("\u2192", again.stderr)
+    self.assertNotIn("would change", again.stderr)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -118,21 +118,66 @@ def record(model_dir, description, step):
   with no change left is dropped.
   """
   description = dict(description)
-  history = []
+  history, changed = [], {}
   if exists(model_dir):
     stored = read(model_dir)
-    history = list(stored.get("history", []))
-    # Read through Config, so that a field a newer version added (with its
-    # default) is not taken for a change.
-    old = configs.to_dict(_config(model_dir, stored))
-    new = description["config"]
-    changed = {name: [old.get(name), value] for name, value in new.items()
-               if old.get(name) != value}
+    history = _history(model_dir, stored)
+    changed = _changed(model_dir, stored, description["config"])
     if changed:
       history = _add_change(history, step, changed)
   if history:
     description["history"] = history
   write(model_dir, description)
+  return change_lines(changed)
+
+
+def _changed(model_dir, stored, new):
+  """{field: [stored value, NEW's]} of each field of config dict NEW that
+  differs from STORED (config.json's dict)."""
+  # Read through Config, so that a field a newer version added (with its
+  # default) is not taken for a change.
+  old = configs.to_dict(_config(model_dir, stored))
+  return {name: [old.get(name), value] for name, value in new.items()
+          if old.get(name) != value}
+
+
+def changes(model_dir, config):
+  """`change_lines` of what CONFIG (a `configs.Config`) would change in
+  MODEL_DIR's config.json ([] if there is none)."""
+  if not exists(model_dir):
+    return []
+  return change_lines(_changed(model_dir, read(model_dir),
+                               configs.to_dict(config)))
+
+
+def _show(value):
+  """A setting's value as a flag would take it (lists as JSON)."""
+  return value if isinstance(value, str) else json.dumps(value)
+
+
+def change_lines(changed):
+  """One line per stored setting a command changes, "name: from → to"
+  (CHANGED: {name: [from, to]}), in the order of the fields."""
+  return [f"{name}: {_show(old)} \u2192 {_show(new)}"
+          for name, (old, new) in changed.items()]
+
+
+def _history(model_dir, stored):
+  """STORED's "history" (config.json's dict), checked: ValueError (one line
+  naming the file) unless it is a list of {"step": int, "changed": {name:
+  [old, new]}}."""
+  history = stored.get("history", [])
+  well_formed = isinstance(history, list) and all(
+      isinstance(entry, dict) and isinstance(entry.get("step"), int) and
+      isinstance(entry.get("changed"), dict) and all(
+          isinstance(change, list) and len(change) == 2
+          for change in entry["changed"].values())
+      for entry in history)
+  if not well_formed:
+    raise ValueError(f'{path(model_dir)} has a malformed "history" (a list '
+                     'of {"step": STEP, "changed": {NAME: [OLD, NEW]}} '
+                     "expected); fix or remove it, or use a new --model_dir")
+  return list(history)
 
 
 def _add_change(history, step, changed):

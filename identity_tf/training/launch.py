@@ -74,6 +74,11 @@ def _dry_run(config, model_dir, data_dir, progress, result):
                      "directory; pick another --model_dir")
   config_file.check_resumable(model_dir, config)
   distribute.check_tf_config(config.strategy, progress)
+  changed = config_file.changes(model_dir, config)
+  if changed:
+    progress(f"would change in {config_file.path(model_dir)}:")
+    for line in changed:
+      progress(line)
   progress(json.dumps(run.description(model_dir=model_dir), indent=2,
                       sort_keys=True))
   result(f"dry run: the configuration above is valid; nothing was "

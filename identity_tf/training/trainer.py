@@ -370,7 +370,11 @@ def _train(trainer, echo):
     return {"step": step, "train_loss": None, "train_top1": None,
             "eval": None, "model_dir": run.model_dir, "trained": False}
   if trainer.chief:
-    config_file.record(run.model_dir, run.description(), step)
+    changed = config_file.record(run.model_dir, run.description(), step)
+    if changed:  # What this command changes in the stored configuration.
+      echo(f"changed in {config_file.path(run.model_dir)} from step {step}:")
+      for line in changed:
+        echo(line)
     # Shown once the run can start: an error before it is one line alone.
     echo(json.dumps(run.description(model_dir=run.model_dir), indent=2,
                     sort_keys=True))
