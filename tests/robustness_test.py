@@ -4,14 +4,18 @@ and checks the exit status, the one line a person sees and the files before
 and after: a stray TF_CONFIG, a checkpoint of another network, stored
 settings a command changes, hostile archives, arrays and servers."""
 
+import gzip
+import io
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import tarfile
 
 from absl.testing import absltest
+import numpy as np
 
 import testing
 
@@ -30,6 +34,23 @@ def _env(tf_config=None):
     env["TF_CONFIG"] = (tf_config if isinstance(tf_config, str)
                         else json.dumps(tf_config))
   return env
+
+
+class _Zeros(io.RawIOBase):
+  """A readable stream of SIZE zero bytes, never all in memory."""
+
+  def __init__(self, size):
+    super().__init__()
+    self.left = size
+
+  def readable(self):
+    return True
+
+  def readinto(self, buffer):
+    n = min(len(buffer), self.left)
+    buffer[:n] = bytes(n)
+    self.left -= n
+    return n
 
 
 def _free_ports(count):
@@ -293,6 +314,110 @@ class StoredSettingsTest(testing.SharedRootTestCase):
                                check=True)
     self.assertNotIn("\u2192", again.stderr)
     self.assertNotIn("would change", again.stderr)
+
+
+class HostileArchiveTest(testing.SharedRootTestCase):
+  """Item 4: an archive that extracts to more than the dataset can hold is
+  refused as it is extracted, streamed, and nothing is left behind."""
+
+  def _prepare(self, dataset, source_dir):
+    data_dir = os.path.join(self.root, f"data-{dataset}")
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "notes.txt"), "w") as f:
+      f.write("what the user keeps here\n")
+    before = testing.snapshot(data_dir)
+    result = testing.run_binary("prepare_data", f"--dataset={dataset}",
+                                f"--data_dir={data_dir}",
+                                f"--source_dir={source_dir}")
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("is ready", result.stdout)
+    # The data_dir is as it was: no dataset, no download, no scratch.
+    self.assertEqual(testing.snapshot(data_dir), before)
+    return testing.last_stderr_line(result)
+
+  def test_a_tar_bomb_is_refused_at_a_hundred_times_its_size(self):
+    # cifar-10-binary.tar.gz whose first batch is 64 MiB of zeros: a 64 kB
+    # archive, a thousandfold expansion.
+    source = os.path.join(self.root, "bomb")
+    os.makedirs(source)
+    archive = os.path.join(source, "cifar-10-binary.tar.gz")
+    member = "cifar-10-batches-bin/data_batch_1.bin"
+    with tarfile.open(archive, "w:gz") as tar:
+      info = tarfile.TarInfo(member)
+      info.size = 64 << 20
+      tar.addfile(info, _Zeros(info.size))
+    size = os.path.getsize(archive)
+    self.assertLess(size, (64 << 20) // 100)
+    self.assertEqual(
+        self._prepare("cifar10", source),
+        f"error: {archive} extracts to more than {100 * size} bytes (100 "
+        f"times the archive's {size} bytes; {member} passes it): not the "
+        "dataset's file (a decompression bomb?); replace it with the "
+        "publisher's file and run this again; nothing was kept from this "
+        "attempt")
+    # The same data_dir takes a real archive of the same layout, extracted
+    # in full: two random records per batch file.
+    good = os.path.join(self.root, "good")
+    os.makedirs(good)
+    records = {}
+    rng = np.random.default_rng(0)
+    with tarfile.open(os.path.join(good, "cifar-10-binary.tar.gz"),
+                      "w:gz") as tar:
+      files = {"batches.meta.txt": "".join(f"c{i}\n" for i in range(10))
+                                   .encode()}
+      for batch in [f"data_batch_{i}.bin" for i in range(1, 6)] + [
+          "test_batch.bin"]:
+        files[batch] = records[batch] = rng.integers(
+            0, 256, (2, 3073)).astype(np.uint8)
+        files[batch][:, 0] %= 10
+        files[batch] = files[batch].tobytes()
+      for name, data in files.items():
+        info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    data_dir = os.path.join(self.root, "data-cifar10")
+    result = testing.run_binary("prepare_data", "--dataset=cifar10",
+                                f"--data_dir={data_dir}",
+                                f"--source_dir={good}")
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    self.assertStartsWith(result.stdout.splitlines()[-1],
+                          "cifar10 is ready in ")
+    with open(next(os.path.join(root, "dataset_info.json") for root, _, names
+                   in os.walk(os.path.join(data_dir, "cifar10"))
+                   if "dataset_info.json" in names)) as f:
+      splits = json.load(f)["splits"]
+    self.assertEqual({s["name"]: sum(map(int, s["shardLengths"]))
+                      for s in splits}, {"train": 10, "test": 2})
+    self.assertEqual(os.listdir(os.path.join(data_dir, "downloads")), [])
+
+  def test_a_file_larger_than_the_dataset_holds_is_refused(self):
+    # Fashion-MNIST whose test labels file holds 400,000 labels (the real
+    # one 10,000): random digits compress only about 2:1, but the file is
+    # far beyond 16 times the size TFDS registers for it.
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    registered = {os.path.basename(url): int(info.size) for url, info in
+                  tfds.builder("fashion_mnist", data_dir=self.root
+                               ).url_infos.items()}
+    source = os.path.join(self.root, "large")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      {"train": 20, "test": 10})
+    name = testing.FASHION_FILES["test"][1]
+    count = 400_000
+    with gzip.open(os.path.join(source, name), "wb") as f:
+      f.write(np.array([2049, count], ">u4").tobytes() + np.random.default_rng(
+          1).integers(0, 10, count).astype(np.uint8).tobytes())
+    limit = 16 * registered[name]
+    self.assertLess(limit, count)
+    path = os.path.join(source, name)
+    self.assertLess(100 * os.path.getsize(path), count * 1000)
+    self.assertEqual(
+        self._prepare("fashion_mnist", source),
+        f"error: {path} extracts to more than {limit} bytes (16 times the "
+        f"{registered[name]} bytes TFDS registers for it; its content passes "
+        "it): not the dataset's file (a decompression bomb?); replace it "
+        "with the publisher's file and run this again; nothing was kept "
+        "from this attempt")
 
 
 if __name__ == "__main__":

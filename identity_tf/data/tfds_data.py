@@ -17,6 +17,7 @@ import re
 import shutil
 import struct
 import tempfile
+import uuid
 import zlib
 
 import numpy as np
@@ -265,7 +266,98 @@ def idx_problem(path):
   return None
 
 
-def _local_download_manager(source_dir, download_dir, dataset_name):
+# What an archive of a dataset may extract to, at most: this many times the
+# archive's own bytes (a decompression bomb expands a thousandfold; the
+# datasets' gzip and tar.gz files 1.1 to 5 times), and this many times the
+# size TFDS registers for the dataset's file of that name (what the dataset
+# can hold: CIFAR-10's 162 MiB tar.gz holds 178 MB).
+MAX_EXPANSION = 100
+MAX_REGISTERED_EXPANSION = 16
+# Extraction copies in chunks of this many bytes: never a member whole.
+_CHUNK = 1 << 20
+
+
+class ArchiveTooLargeError(ValueError):
+  """An archive that would extract to more than the dataset can hold."""
+
+
+def extraction_limit(archive, registered_size=None):
+  """(bytes, why): the most ARCHIVE (a path) may extract to, all its members
+  together, and the phrase that says where the bound comes from.
+  REGISTERED_SIZE: the bytes TFDS registers for the dataset's file of that
+  name (None: not registered)."""
+  size = os.path.getsize(archive)
+  limits = [(MAX_EXPANSION * max(size, 1),
+             f"{MAX_EXPANSION} times the archive's {size} bytes")]
+  if registered_size:
+    limits.append((MAX_REGISTERED_EXPANSION * int(registered_size),
+                   f"{MAX_REGISTERED_EXPANSION} times the "
+                   f"{int(registered_size)} bytes TFDS registers for it"))
+  return min(limits)
+
+
+def extract_bounded(archive, members, to_path, limit, why):
+  """Writes MEMBERS ((path inside the archive, readable file) pairs, as
+  TFDS's `iter_archive` yields them: unsafe paths and links already left
+  out) under TO_PATH ("" is TO_PATH itself), streamed in chunks; raises
+  ArchiveTooLargeError (one line) as soon as they exceed LIMIT bytes (WHY:
+  where the limit comes from). Returns the bytes written; the caller
+  removes TO_PATH on failure."""
+  written = 0
+  for name, handle in members:
+    name = name.decode() if isinstance(name, bytes) else name
+    target = os.path.join(to_path, name) if name else to_path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "wb") as out:
+      while chunk := handle.read(_CHUNK):
+        written += len(chunk)
+        if written > limit:
+          raise ArchiveTooLargeError(
+              f"{archive} extracts to more than {limit} bytes ({why}; "
+              f"{name or 'its content'} passes it): not the dataset's file "
+              "(a decompression bomb?); replace it with the publisher's "
+              "file and run this again; nothing was kept from this attempt")
+        out.write(chunk)
+  return written
+
+
+def _bounded_extractor(limit_of, refused):
+  """A TFDS extractor that extracts as TFDS's does (the same archive
+  formats and member filter, the same incomplete-then-rename directory),
+  but streamed and bounded (`extract_bounded`): TFDS's reads each member
+  whole into memory and has no bound. LIMIT_OF(archive path) -> (bytes,
+  why); REFUSED(line) hears of an archive that passes its bound."""
+  extractor = tfds_module().core.download.extractor
+  incomplete = tfds_module().core.constants.INCOMPLETE_PREFIX
+
+  class BoundedExtractor(extractor._Extractor):  # pylint: disable=protected-access
+
+    def _extract(self, from_path, method, to_path):
+      temporary = os.path.join(os.fspath(to_path.parent),
+                               f"{incomplete}{uuid.uuid4().hex}_"
+                               f"{to_path.name}")
+      try:
+        extract_bounded(os.fspath(from_path),
+                        extractor.iter_archive(from_path, method),
+                        temporary, *limit_of(os.fspath(from_path)))
+        if to_path.exists():
+          shutil.rmtree(os.fspath(to_path), ignore_errors=True)
+        os.replace(temporary, os.fspath(to_path))
+      except BaseException as e:
+        if os.path.isdir(temporary):
+          shutil.rmtree(temporary, ignore_errors=True)
+        elif os.path.exists(temporary):
+          os.remove(temporary)
+        if isinstance(e, ArchiveTooLargeError):
+          refused(str(e))
+        raise
+      return to_path
+
+  return BoundedExtractor(max_workers=1)
+
+
+def _local_download_manager(source_dir, download_dir, dataset_name,
+                            registered_sizes=None):
   """A TFDS download manager that answers every download from SOURCE_DIR.
 
   A URL resolves to the file of the same name in SOURCE_DIR; extracting it
@@ -273,18 +365,31 @@ def _local_download_manager(source_dir, download_dir, dataset_name):
   it would from the publisher's files. TFDS's registered checksums are not
   checked: they are the publisher's archives' bytes, and a repackaged copy
   of the same content has others (Debian recompresses the .gz files). An
-  idx file is checked against its header first (`idx_problem`).
+  idx file is checked against its header first (`idx_problem`). Archives
+  are extracted streamed and bounded (`_bounded_extractor`;
+  REGISTERED_SIZES: {file name: the bytes TFDS registers for it}).
   """
   tfds = tfds_module()
+  registered_sizes = registered_sizes or {}
 
   class LocalFiles(tfds.download.DownloadManager):
 
     problem = None  # The one-line error, once a file was missing or bad.
     used = []  # The files of SOURCE_DIR it was given, for error messages.
+    _bounded = None
 
     def _refuse(self, problem):
       self.problem = problem
       raise ValueError(problem)
+
+    @property
+    def _extractor(self):
+      if self._bounded is None:
+        self._bounded = _bounded_extractor(
+            lambda archive: extraction_limit(
+                archive, registered_sizes.get(os.path.basename(archive))),
+            lambda line: setattr(self, "problem", line))
+      return self._bounded
 
     def download(self, url_or_urls):
       def local(url):
@@ -415,6 +520,17 @@ def _absent_directories(data_dir, builder):
                 reverse=True)
 
 
+def _registered_sizes(builder):
+  """{file name: bytes} of the files TFDS registers for BUILDER's dataset
+  ({} where it registers none)."""
+  try:
+    infos = builder.url_infos or {}
+  except Exception:  # pylint: disable=broad-except
+    return {}
+  return {os.path.basename(url.split("?")[0]): int(info.size)
+          for url, info in infos.items() if info.size}
+
+
 def _download_and_prepare(name, builder, data_dir, source_dir,
                           download_config):
   """Runs TFDS's preparation of NAME (BUILDER), its files from SOURCE_DIR
@@ -431,7 +547,8 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
     os.makedirs(os.path.join(data_dir, "downloads"), exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".local-", dir=os.path.join(
         data_dir, "downloads"))
-    local = _local_download_manager(source_dir, scratch, name)
+    local = _local_download_manager(source_dir, scratch, name,
+                                    _registered_sizes(builder))
     builder._make_download_manager = lambda **unused: local  # pylint: disable=protected-access
   try:
     builder.download_and_prepare(download_config=download_config)
