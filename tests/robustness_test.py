@@ -13,6 +13,8 @@ import shutil
 import socket
 import subprocess
 import tarfile
+import threading
+import time
 
 from absl.testing import absltest
 import numpy as np
@@ -418,6 +420,109 @@ class HostileArchiveTest(testing.SharedRootTestCase):
         "it): not the dataset's file (a decompression bomb?); replace it "
         "with the publisher's file and run this again; nothing was kept "
         "from this attempt")
+
+
+class _HostileServer:
+  """A server on loopback that reads a request and answers as MODE says:
+  "drip" -- a valid HTTP answer, one byte every 0.2 s; "huge" -- announces
+  3 GB and sends zeros as fast as it can; "endless" -- no length, zeros
+  until the client hangs up. Records when each connection ends and the
+  bytes it sent."""
+
+  def __init__(self, mode):
+    self.mode = mode
+    self.listener = socket.create_server(("127.0.0.1", 0))
+    self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+    self.sent = []
+    self.ended = []
+    self.thread = threading.Thread(target=self._serve, daemon=True)
+    self.thread.start()
+
+  def _serve(self):
+    connection, _ = self.listener.accept()
+    sent = 0
+    with connection:
+      connection.settimeout(5)
+      request = b""
+      while b"\r\n\r\n" not in request:
+        request += connection.recv(65536)
+      head, body = request.split(b"\r\n\r\n", 1)
+      length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+      while len(body) < length:
+        body += connection.recv(65536)
+      try:
+        if self.mode == "drip":
+          answer = (b"HTTP/1.0 200 OK\r\nContent-Length: 60\r\n\r\n" +
+                    b'{"predictions": [{"probabilities": [1.0], "classes": 0}]}'
+                    .ljust(60))
+          for byte in answer:
+            connection.sendall(bytes([byte]))
+            sent += 1
+            time.sleep(0.2)
+        else:
+          connection.sendall(
+              b"HTTP/1.0 200 OK\r\n" + (b"Content-Length: 3000000000\r\n"
+                                        if self.mode == "huge" else b"") +
+              b"\r\n")
+          chunk = bytes(1 << 16)
+          while sent < 3_000_000_000:
+            connection.sendall(chunk)
+            sent += len(chunk)
+      except OSError:  # The client hung up.
+        pass
+    self.sent.append(sent)
+    self.ended.append(time.monotonic())
+
+  def close(self):
+    self.listener.close()
+
+
+class ServeClientLimitsTest(absltest.TestCase):
+  """Item 5: one deadline for the whole request, a cap on the answer."""
+
+  def setUp(self):
+    super().setUp()
+    self.png = os.path.join(self.create_tempdir().full_path, "img.png")
+    with open(self.png, "wb") as f:  # Only its signature is looked at.
+      f.write(b"\x89PNG\r\n\x1a\n" + bytes(100))
+
+  def _ask(self, mode, *flags):
+    server = _HostileServer(mode)
+    self.addCleanup(server.close)
+    started = time.monotonic()
+    result = testing.run_binary("serve_client", f"--server={server.address}",
+                                "--model_name=m", *flags, self.png,
+                                timeout=120)
+    server.thread.join(timeout=60)
+    return server, result, started
+
+  def test_a_server_that_drips_is_stopped_at_the_deadline(self):
+    server, result, _ = self._ask("drip", "--timeout=3")
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertEqual(
+        testing.last_stderr_line(result),
+        f"error: no complete answer from {server.address} within 3 s "
+        "(--timeout bounds the whole request); is the server overloaded? "
+        "(raise --timeout)")
+    self.assertEqual(result.stdout, "")
+    # The answer takes 12 s; the connection ended at the deadline (3 s of
+    # 0.2 s bytes: about 15 of its 75 bytes).
+    self.assertLess(server.sent[0], 30)
+
+  def test_an_answer_beyond_the_cap_is_not_read(self):
+    limit = 1 << 20  # The cap for one image: 1 MiB.
+    for mode, what in (("huge", "it announces 3000000000"),
+                       ("endless", "it kept coming")):
+      with self.subTest(mode=mode):
+        server, result, _ = self._ask(mode, "--timeout=60")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(
+            testing.last_stderr_line(result),
+            f"error: {server.address}'s answer is larger than {limit} bytes "
+            f"({what}), far more than the probabilities of the images sent; "
+            "is --server TF Serving serving an identity_tf export?")
+        # The client hung up long before the 3 GB (socket buffers aside).
+        self.assertLess(server.sent[0], 64 * limit)
 
 
 if __name__ == "__main__":
