@@ -15,6 +15,7 @@ import subprocess
 import tarfile
 import threading
 import time
+import zipfile
 
 from absl.testing import absltest
 import numpy as np
@@ -523,6 +524,71 @@ class ServeClientLimitsTest(absltest.TestCase):
             "is --server TF Serving serving an identity_tf export?")
         # The client hung up long before the 3 GB (socket buffers aside).
         self.assertLess(server.sent[0], 64 * limit)
+
+
+def _write_npy_header(path, shape, data=bytes(20)):
+  """A .npy file of float32 SHAPE per its header, followed by DATA only."""
+  header = np.lib.format.header_data_from_array_1_0(np.zeros(1, "<f4"))
+  header["shape"] = tuple(shape)
+  with open(path, "wb") as f:
+    np.lib.format.write_array_header_1_0(f, header)
+    f.write(data)
+
+
+class ArrayHeaderTest(testing.SharedRootTestCase):
+  """Item 6: an array whose header claims more than the machine holds, or
+  than its file holds, is refused before numpy allocates it, by every
+  binary that reads .npy/.npz files."""
+
+  def test_every_reader_refuses_a_lying_header_in_one_line(self):
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    huge = os.path.join(self.root, "huge.npy")  # 12 TiB in 148 bytes.
+    _write_npy_header(huge, (1 << 20, 1 << 20, 3))
+    self.assertLess(os.path.getsize(huge), 200)
+    self.assertGreater(12 << 40, memory)
+    short = os.path.join(self.root, "short.npy")  # 1.2 MB claimed, 20 held.
+    _write_npy_header(short, (100, 32, 32, 3))
+    archive = os.path.join(self.root, "huge.npz")
+    with zipfile.ZipFile(archive, "w") as z:
+      z.write(huge, "x.npy")
+      labels = io.BytesIO()
+      np.save(labels, np.zeros(4, np.int64))
+      z.writestr("y.npy", labels.getvalue())
+    huge_claim = (f"claims a float32 array of shape [1048576, 1048576, 3] "
+                  f"({(1 << 40) * 12} bytes), more than this machine's "
+                  f"{memory} bytes of memory; pass a smaller array")
+    short_claim = ("claims a float32 array of shape [100, 32, 32, 3] "
+                   "(1228800 bytes) but holds 20 bytes of data: it is cut "
+                   "short or not what it says; save it again with numpy")
+    closed = f"127.0.0.1:{_free_ports(1)[0]}"
+    out = os.path.join(self.root, "out")
+    cases = {
+        "serve_client huge": (
+            "serve_client", [f"--server={closed}", "--model_name=m", huge],
+            f"error: {huge} {huge_claim}"),
+        "serve_client short": (
+            "serve_client", [f"--server={closed}", "--model_name=m", short],
+            f"error: {short} {short_claim}"),
+        "linear_theory": (
+            "linear_theory", ["factorize", f"--R={huge}", "--layers=2",
+                              f"--output={out}.npz"],
+            f"error: --R={huge} {huge_claim}"),
+        "construct": (
+            "construct", [f"--data={archive}", f"--output_dir={out}"],
+            f"error: --data={archive}['x'] {huge_claim}"),
+    }
+    results = {key: testing.run_binary(binary, *args)
+               for key, (binary, args, _) in cases.items()}
+    for key, (_, _, line) in cases.items():
+      with self.subTest(key):
+        result = results[key]
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertNotIn("MemoryError", result.stderr)
+        self.assertEqual(testing.last_stderr_line(result), line)
+        self.assertEqual(result.stdout, "")
+    self.assertFalse(os.path.exists(out))
+    self.assertFalse(os.path.exists(out + ".npz"))
 
 
 if __name__ == "__main__":

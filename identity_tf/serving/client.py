@@ -113,6 +113,10 @@ def read_input(path, display_name=None):
     raise ServingError(f"cannot read {name}: {e.strerror}") from None
   if data.startswith(_NPY_MAGIC):
     try:
+      cli.check_array_file(path, name)  # Before numpy allocates anything.
+    except ValueError as e:
+      raise ServingError(str(e)) from None
+    try:
       array = np.load(path, allow_pickle=False)
     except ValueError as e:
       raise ServingError(f"{name} is not a readable .npy array ({e})") from None
