@@ -591,5 +591,48 @@ class ArrayHeaderTest(testing.SharedRootTestCase):
     self.assertFalse(os.path.exists(out + ".npz"))
 
 
+class UnwritableRunTest(testing.SharedRootTestCase):
+  """Item 7: evaluate on a run it cannot write to prints its result and
+  says in one line that it was not recorded."""
+
+  def test_evaluate_prints_what_it_cannot_record(self):
+    model_dir = os.path.join(self.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--eval_at_end=false", f"--model_dir={model_dir}",
+                       check=True)
+    # Where metrics.jsonl and eval/ go, a directory and a file: unwritable
+    # for any user, root included (for whom permissions are no obstacle).
+    os.remove(os.path.join(model_dir, "metrics.jsonl"))
+    os.makedirs(os.path.join(model_dir, "metrics.jsonl"))
+    with open(os.path.join(model_dir, "eval"), "w") as f:
+      f.write("not a directory\n")
+    variants = [("blocked", None)]
+    if os.geteuid() != 0:
+      variants.append(("read-only", 0o555))
+    for name, mode in variants:
+      with self.subTest(name):
+        if mode is not None:
+          shutil.rmtree(os.path.join(model_dir, "metrics.jsonl"))
+          os.remove(os.path.join(model_dir, "eval"))
+          os.chmod(model_dir, mode)
+          self.addCleanup(os.chmod, model_dir, 0o755)
+        before = testing.snapshot(model_dir)
+        result = testing.run_binary("evaluate", f"--model_dir={model_dir}",
+                                    "--num_examples=100")
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        scores = json.loads(result.stdout)
+        self.assertEqual(scores["global_step"], _checkpoint_steps(model_dir)[-1])
+        self.assertEqual(scores["examples"], 100)
+        self.assertStartsWith(
+            testing.last_stderr_line(result),
+            f"note: the result above is not recorded in --model_dir="
+            f"{model_dir} (metrics.jsonl, eval/): ")
+        self.assertTrue(testing.last_stderr_line(result).endswith(
+            "; make it writable and evaluate again to record it, or pass "
+            "--nowrite_summaries"))
+        self.assertEqual(testing.snapshot(model_dir), before)
+
+
 if __name__ == "__main__":
   absltest.main()
