@@ -634,5 +634,79 @@ class UnwritableRunTest(testing.SharedRootTestCase):
         self.assertEqual(testing.snapshot(model_dir), before)
 
 
+class MalformedFilesTest(testing.SharedRootTestCase):
+  """Item 9: a config.json or model_info.json of the wrong shape is one line
+  naming the file, and nothing changes."""
+
+  def test_a_malformed_config_json_is_named(self):
+    model_dir = os.path.join(self.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--eval_at_end=false", f"--model_dir={model_dir}",
+                       check=True)
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+      good = json.load(f)
+    not_a_run = f"error: {path} is not the description of a training run ("
+    variants = {
+        "config null": (dict(good, config=None),
+                        not_a_run + '"config" is null, not an object)'),
+        "config list": (dict(good, config=[1, 2]),
+                        not_a_run + '"config" is a list, not an object)'),
+        "model without options": (
+            dict(good, model={"name": "cifar10"}),
+            not_a_run + '"model" lacks its "name" and "options")'),
+        "history not a list": (
+            dict(good, history={"step": 3}),
+            f'error: {path} has a malformed "history" (a list of '),
+        "history entry without step": (
+            dict(good, history=[{"changed": {"learning_rate": [1, 2]}}]),
+            f'error: {path} has a malformed "history" (a list of '),
+        "units not numbers": (
+            dict(good, config=dict(good["config"], units=["x"])),
+            f"error: {path} does not describe a run this version reads ("),
+    }
+    for name, (description, line) in variants.items():
+      with open(path, "w") as f:
+        json.dump(description, f)
+      before = testing.snapshot(model_dir)
+      commands = {"evaluate": ("evaluate", [f"--model_dir={model_dir}"]),
+                  "export": ("export", [f"--model_dir={model_dir}",
+                                        f"--export_dir={self.root}/e"])}
+      if name != "units not numbers":  # train reads the config alone.
+        commands["train"] = ("train", [f"--model_dir={model_dir}",
+                                       "--train_steps=20"])
+      for command, (binary, args) in commands.items():
+        with self.subTest(variant=name, command=command):
+          result = testing.run_binary(binary, *args)
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertNotIn("Traceback", result.stderr)
+          self.assertStartsWith(testing.last_stderr_line(result), line)
+          self.assertEqual(result.stdout, "")
+          self.assertEqual(testing.snapshot(model_dir), before)
+    self.assertFalse(os.path.exists(f"{self.root}/e"))
+
+  def test_a_model_info_that_is_not_an_object_is_named(self):
+    png = os.path.join(self.root, "img.png")
+    with open(png, "wb") as f:
+      f.write(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    closed = f"127.0.0.1:{_free_ports(1)[0]}"
+    for name, content in (("list", [1, 2]), ("names", {"classes": {
+        "names": 3}})):
+      info = os.path.join(self.root, f"{name}.json")
+      with open(info, "w") as f:
+        json.dump(content, f)
+      with self.subTest(name):
+        result = testing.run_binary(
+            "serve_client", f"--server={closed}", "--model_name=m",
+            f"--model_info={info}", png)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(
+            testing.last_stderr_line(result),
+            f"error: --model_info={info} is not an export's model_info.json "
+            '(an object whose "classes" has a list of "names"); pass the '
+            "model_info.json of the served version, or omit --model_info")
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -485,7 +485,16 @@ def read_class_names(model_info_path):
   except (OSError, ValueError) as e:
     raise ServingError(f"cannot read --model_info={model_info_path}: "
                        f"{e}") from None
-  return info.get("classes", {}).get("names")
+  classes = info.get("classes", {}) if isinstance(info, dict) else None
+  names = classes.get("names") if isinstance(classes, dict) else None
+  if not isinstance(classes, dict) or not (
+      names is None or (isinstance(names, list) and
+                        all(isinstance(n, str) for n in names))):
+    raise ServingError(
+        f"--model_info={model_info_path} is not an export's model_info.json "
+        '(an object whose "classes" has a list of "names"); pass the '
+        "model_info.json of the served version, or omit --model_info")
+  return names
 
 
 def format_prediction(name, probabilities, k, class_names=None):

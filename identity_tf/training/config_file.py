@@ -65,7 +65,33 @@ def read(model_dir):
     raise ValueError(f"{file} is not the description of a training run (no "
                      f"{', '.join(missing)}); restore it from a copy, or use "
                      "a new --model_dir")
+  model = description["model"]
+  wrong = [f'"{key}" is {_kind(description[key])}, not an object'
+           for key in ("config", "preprocessing")
+           if not isinstance(description[key], dict)]
+  if not isinstance(model, dict):
+    wrong.append(f'"model" is {_kind(model)}, not an object')
+  elif not isinstance(model.get("name"), str) or not isinstance(
+      model.get("options"), dict):
+    wrong.append('"model" lacks its "name" and "options"')
+  if description.get("dataset") is not None and not isinstance(
+      description["dataset"], dict):
+    wrong.append(f'"dataset" is {_kind(description["dataset"])}, not an '
+                 "object")
+  if wrong:
+    raise ValueError(f"{file} is not the description of a training run "
+                     f"({'; '.join(wrong)}); restore it from a copy, or use "
+                     "a new --model_dir")
+  _history(model_dir, description)
   return description
+
+
+def _kind(value):
+  """What a JSON value is, in a few words."""
+  if value is None:
+    return "null"
+  return {dict: "an object", list: "a list", str: "a string",
+          bool: "a boolean"}.get(type(value), "a number")
 
 
 def write(model_dir, description):
@@ -216,7 +242,7 @@ def stored_config(model_dir):
 def _config(model_dir, description):
   try:
     return configs.from_dict(description["config"])
-  except TypeError as e:  # Unknown or missing fields.
+  except (TypeError, ValueError, AttributeError) as e:  # Fields, values.
     raise ValueError(f"{path(model_dir)} does not hold a configuration this "
                      f"version reads ({e}); use a new --model_dir") from None
 
