@@ -17,6 +17,7 @@ image-net.org into DIR/downloads/manual/. See docs/data.md.
 """
 
 import os
+import shlex
 
 from absl import app
 from absl import flags
@@ -42,9 +43,10 @@ def main(argv):
   with cli.errors_as_exit():
     path = tfds_data.prepare(FLAGS.dataset, cli.path(FLAGS.data_dir),
                              cli.path(FLAGS.source_dir))
+  data_dir = os.path.dirname(os.path.dirname(path))
   print(f"{FLAGS.dataset} is ready in {path}; train with "
-        f"--dataset={FLAGS.dataset} "
-        f"--data_dir={os.path.dirname(os.path.dirname(path))}")
+        f"{shlex.quote(f'--dataset={FLAGS.dataset}')} "
+        f"{shlex.quote(f'--data_dir={data_dir}')}")
 
 
 def run():

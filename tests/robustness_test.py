@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -452,7 +453,12 @@ class _HostileServer:
       while len(body) < length:
         body += connection.recv(65536)
       try:
-        if self.mode == "drip":
+        if isinstance(self.mode, bytes):  # A complete answer, as given.
+          connection.sendall(
+              b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" %
+              len(self.mode) + self.mode)
+          sent = len(self.mode)
+        elif self.mode == "drip":
           answer = (b"HTTP/1.0 200 OK\r\nContent-Length: 60\r\n\r\n" +
                     b'{"predictions": [{"probabilities": [1.0], "classes": 0}]}'
                     .ljust(60))
@@ -524,6 +530,77 @@ class ServeClientLimitsTest(absltest.TestCase):
             "is --server TF Serving serving an identity_tf export?")
         # The client hung up long before the 3 GB (socket buffers aside).
         self.assertLess(server.sent[0], 64 * limit)
+
+
+class AnswersThatAreNotAnswersTest(absltest.TestCase):
+  """Item 13: serve_client does not print an empty or non-finite answer as
+  if it were one."""
+
+  def test_empty_and_non_finite_probabilities_are_refused(self):
+    png = os.path.join(self.create_tempdir().full_path, "img.png")
+    with open(png, "wb") as f:
+      f.write(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    cases = {
+        "empty": (b'{"predictions": [{"probabilities": [], "classes": 0}]}',
+                  "answered no class probabilities for {png}; is the served "
+                  "model an identity_tf export?"),
+        "nan": (b'{"predictions": [{"probabilities": [NaN, 0.5], '
+                b'"classes": 1}]}',
+                "answered NaN or infinite probabilities for {png}: the "
+                "served model's weights are not finite (a diverged run?); "
+                "export a finite checkpoint"),
+        "huge": (b'{"predictions": [{"probabilities": [1e30, 0.5], '
+                 b'"classes": 0}]}',
+                 "answered values for {png} that are not probabilities "
+                 "(they sum to 1e+30); is the served model an identity_tf "
+                 "export?"),
+    }
+    for name, (answer, line) in cases.items():
+      with self.subTest(name):
+        server = _HostileServer(answer)
+        self.addCleanup(server.close)
+        result = testing.run_binary("serve_client",
+                                    f"--server={server.address}",
+                                    "--model_name=m", png)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(testing.last_stderr_line(result),
+                         f"error: {server.address} " + line.format(png=png))
+    # A distribution is printed.
+    server = _HostileServer(
+        b'{"predictions": [{"probabilities": [0.25, 0.75], "classes": 1}]}')
+    self.addCleanup(server.close)
+    result = testing.run_binary("serve_client", f"--server={server.address}",
+                                "--model_name=m", png, check=True)
+    self.assertEqual(result.stdout, f"{png}: 1 0.7500, 0 0.2500\n")
+
+
+class FollowUpCommandsTest(testing.SharedRootTestCase):
+  """Item 13: the commands a binary prints to copy and paste are quoted."""
+
+  def test_paths_with_spaces_and_dollars_are_quoted(self):
+    model_dir = os.path.join(self.root, "a run $(touch pwned)")
+    result = testing.run_binary("train", *TINY, "--train_steps=10",
+                                "--eval_at_end=false",
+                                f"--model_dir={model_dir}", check=True)
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines()
+                 if line.startswith(("TensorBoard:", "evaluate:")))
+    for name, line in lines.items():
+      words = shlex.split(line)
+      with self.subTest(name):
+        # The shell reads the path back as one word, unexpanded.
+        self.assertTrue(model_dir in words or
+                        f"--model_dir={model_dir}" in words, words)
+    self.assertLen(lines, 2)
+    export_dir = os.path.join(self.root, "exports; rm -rf x")
+    export = testing.run_binary("export", f"--model_dir={model_dir}",
+                                f"--export_dir={export_dir}", check=True)
+    serve = [line for line in export.stdout.splitlines()
+             if line.startswith("serve:")]
+    self.assertLen(serve, 1)
+    self.assertIn(f"--model_base_path={export_dir}",
+                  shlex.split(serve[0].split(":", 1)[1]))
+    self.assertFalse(os.path.exists(os.path.join(os.getcwd(), "pwned")))
 
 
 def _write_npy_header(path, shape, data=bytes(20)):

@@ -466,9 +466,34 @@ def predict(server, model_name, inputs, *, protocol="rest", signature=None,
     if len(probabilities) != len(names):
       raise ServingError(f"sent {len(names)} images but got "
                          f"{len(probabilities)} predictions back")
+    _check_probabilities(server, probabilities, names)
     del classes  # The top-k below starts with it.
     results.extend(zip(names, probabilities))
   return results
+
+
+def _check_probabilities(server, probabilities, names):
+  """ServingError (one line naming the image) unless each row of
+  PROBABILITIES is a distribution: at least one class, every value finite
+  and in [0, 1], summing to 1 within float32 rounding. A server that
+  answers otherwise is not serving an identity_tf export as exported (or
+  the model diverged), and its numbers are no answer."""
+  probabilities = np.asarray(probabilities, np.float64)
+  if probabilities.ndim != 2 or probabilities.shape[1] == 0:
+    raise ServingError(
+        f"{server} answered no class probabilities for {names[0]}; is the "
+        "served model an identity_tf export?")
+  for name, row in zip(names, probabilities):
+    if not np.all(np.isfinite(row)):
+      raise ServingError(
+          f"{server} answered NaN or infinite probabilities for {name}: the "
+          "served model's weights are not finite (a diverged run?); export a "
+          "finite checkpoint")
+    if np.any(row < 0) or np.any(row > 1) or abs(row.sum() - 1) > 2e-2:
+      raise ServingError(
+          f"{server} answered values for {name} that are not probabilities "
+          f"(they sum to {row.sum():.6g}); is the served model an "
+          "identity_tf export?")
 
 
 def top_k(probabilities, k):

@@ -31,6 +31,7 @@ before the graph runs (and the shape is checked again inside it).
 import datetime
 import json
 import os
+import shlex
 import shutil
 import uuid
 
@@ -426,5 +427,6 @@ def export_command(model_dir, export_dir, *, checkpoint=None, version=None,
            f"(ignored by TF Serving; safe to delete): {', '.join(stale)}")
   name = os.path.basename(os.path.normpath(export_dir))
   result(f"serve:   tensorflow_model_server --port=8500 --rest_api_port=8501 "
-         f"--model_name={name} --model_base_path={export_dir}")
-  result(f"inspect: saved_model_cli show --dir {path} --all")
+         f"{shlex.quote(f'--model_name={name}')} "
+         f"{shlex.quote(f'--model_base_path={export_dir}')}")
+  result(f"inspect: saved_model_cli show --dir {shlex.quote(path)} --all")

@@ -9,6 +9,7 @@ run reached and where its files are.
 
 import json
 import os
+import shlex
 import sys
 
 import tensorflow as tf
@@ -104,6 +105,10 @@ def summary(outcome, config, model_dir):
   tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
   if not os.path.exists(tensorboard):
     tensorboard = "tensorboard"
+  # Commands to copy and paste: each word quoted as a shell needs it (a
+  # path with a space or a $ stays one word, and inert).
   return [text, f"checkpoints: {model_dir}",
-          f"TensorBoard: {tensorboard} --logdir {model_dir}",
-          f"evaluate:    {cli.command('evaluate', f'--model_dir={model_dir}')}"]
+          f"TensorBoard: {shlex.quote(tensorboard)} --logdir "
+          f"{shlex.quote(model_dir)}",
+          "evaluate:    " + cli.command(
+              "evaluate", shlex.quote(f"--model_dir={model_dir}"))]
