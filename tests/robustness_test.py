@@ -603,6 +603,82 @@ class FollowUpCommandsTest(testing.SharedRootTestCase):
     self.assertFalse(os.path.exists(os.path.join(os.getcwd(), "pwned")))
 
 
+class ExportEdgesTest(testing.SharedRootTestCase):
+  """Items 8 and 12: an export that cannot be written is one line and
+  leaves nothing; version directories are what TF Serving loads."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.model_dir = os.path.join(cls.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--eval_at_end=false", f"--model_dir={cls.model_dir}",
+                       check=True)
+
+  def _export(self, export_dir, *flags):
+    return testing.run_binary("export", f"--model_dir={self.model_dir}",
+                              f"--export_dir={export_dir}", *flags)
+
+  def test_an_export_that_cannot_be_written_is_one_line(self):
+    blocker = os.path.join(self.root, "a_file")
+    with open(blocker, "w") as f:
+      f.write("not a directory\n")
+    too_long = os.path.join(self.root, "x" * 300)
+    cases = {
+        "under a file": (os.path.join(blocker, "exports"),
+                         "NotADirectoryError: Not a directory"),
+        "name too long": (too_long, "OSError: File name too long"),
+    }
+    if os.geteuid() != 0:
+      read_only = os.path.join(self.root, "read_only")
+      os.makedirs(read_only, mode=0o555)
+      cases["read-only"] = (read_only, "PermissionError: Permission denied")
+    before = testing.snapshot(self.root)
+    for name, (export_dir, reason) in cases.items():
+      with self.subTest(name):
+        result = self._export(export_dir)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(
+            testing.last_stderr_line(result),
+            f"error: cannot write version 1 into --export_dir={export_dir} "
+            f"({reason}); free space, fix the directory or its permissions, "
+            "or pick another --export_dir; nothing was exported")
+        self.assertEqual(result.stdout, "")
+    self.assertEqual(testing.snapshot(self.root), before)
+
+  def test_version_names_are_what_tf_serving_loads(self):
+    export_dir = os.path.join(self.root, "exports")
+    os.makedirs(os.path.join(export_dir, "\u00b2"))  # A digit, no number.
+    os.makedirs(os.path.join(export_dir, str(2**63)))  # Beyond int64.
+    with open(os.path.join(export_dir, "1"), "w") as f:  # A file, not a dir.
+      f.write("notes\n")
+    # The next version is past every name TF Serving reads as a number.
+    for expected in (2, 3):
+      result = self._export(export_dir)
+      self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+      self.assertStartsWith(
+          result.stdout, f"exported step 10 of {self.model_dir} as version "
+          f"{expected}: {os.path.join(export_dir, str(expected))}")
+    self.assertEqual(sorted(os.listdir(export_dir)),
+                     sorted(["\u00b2", str(2**63), "1", "2", "3"]))
+    with open(os.path.join(export_dir, "1")) as f:
+      self.assertEqual(f.read(), "notes\n")
+    before = testing.snapshot(export_dir)
+    for flag, line in (
+        ("--version=1", f"error: {os.path.join(export_dir, '1')} is a file, "
+         "not a version directory; remove it, or pass another --version (the "
+         "next free is 4)"),
+        (f"--version={2**63}", f"error: --version must be between 1 and "
+         f"{2**63 - 1} (TF Serving reads it as int64), got {2**63}")):
+      with self.subTest(flag):
+        result = self._export(export_dir, flag)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(testing.last_stderr_line(result), line)
+        self.assertEqual(testing.snapshot(export_dir), before)
+
+
 def _write_npy_header(path, shape, data=bytes(20)):
   """A .npy file of float32 SHAPE per its header, followed by DATA only."""
   header = np.lib.format.header_data_from_array_1_0(np.zeros(1, "<f4"))
