@@ -4,6 +4,8 @@ and checks the exit status, the one line a person sees and the files before
 and after: a stray TF_CONFIG, a checkpoint of another network, stored
 settings a command changes, hostile archives, arrays and servers."""
 
+import fcntl
+import glob
 import gzip
 import io
 import json
@@ -11,8 +13,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -677,6 +681,117 @@ class ExportEdgesTest(testing.SharedRootTestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(testing.last_stderr_line(result), line)
         self.assertEqual(testing.snapshot(export_dir), before)
+
+
+def _prepare_fashion_command(counts, *args):
+  """bin/prepare_data.py with ARGS, TFDS's Fashion-MNIST builder reading
+  COUNTS records (the real one reads 60,000 + 10,000)."""
+  binary = testing.binary_command("prepare_data")[1]
+  code = ("import runpy, sys\n"
+          "from tensorflow_datasets.image_classification import mnist\n"
+          f"mnist._TRAIN_EXAMPLES = {counts['train']}\n"
+          f"mnist._TEST_EXAMPLES = {counts['test']}\n"
+          f"sys.argv[0] = {binary!r}\n"
+          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+  return [sys.executable, "-c", code, *args]
+
+
+class PrepareInterruptedTest(testing.ProcessTestCase):
+  """Item 11: prepare_data stopped by SIGTERM or Ctrl-C removes what it
+  wrote; a re-run removes what a killed one left; two at once are told."""
+
+  def setUp(self):
+    super().setUp()
+    self.root = self.create_tempdir().full_path
+    self.data_dir = os.path.join(self.root, "data")
+    os.makedirs(self.data_dir)
+    with open(os.path.join(self.data_dir, "notes.txt"), "w") as f:
+      f.write("what the user keeps here\n")
+
+  def _start(self, counts, source):
+    process = subprocess.Popen(
+        _prepare_fashion_command(counts, "--dataset=fashion_mnist",
+                                 f"--data_dir={self.data_dir}",
+                                 f"--source_dir={source}"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=testing.binary_env())
+    self._processes.append(process)
+    return process
+
+  def test_a_signal_mid_way_removes_what_the_attempt_wrote(self):
+    counts = {"train": 30000, "test": 100}  # Seconds of TFDS's encoding.
+    source = os.path.join(self.root, "files")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      counts)
+    before = testing.snapshot(self.data_dir)
+    for signum, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+      with self.subTest(signal.Signals(signum).name):
+        process = self._start(counts, source)
+        # Mid-way: once TFDS writes the dataset (the files are extracted).
+        deadline = time.monotonic() + 300
+        while not glob.glob(os.path.join(self.data_dir, "fashion_mnist",
+                                         "incomplete.*")):
+          self.assertLess(time.monotonic(), deadline)
+          if process.poll() is not None:
+            self.fail(f"finished before the signal: {process.communicate()}")
+          time.sleep(0.05)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=300)
+        self.assertEqual(process.returncode, status, err[-2000:])
+        self.assertNotIn("Traceback", err)
+        lines = [line for line in err.splitlines() if line.strip()]
+        self.assertEqual(
+            lines[-1], f"error: stopped by {signal.Signals(signum).name}; "
+            "what this attempt wrote was removed: run the same command to "
+            "start again")
+        self.assertNotIn("is ready", out)
+        self.assertEqual(testing.snapshot(self.data_dir), before)
+
+  def test_a_rerun_removes_what_a_killed_run_left(self):
+    counts = {"train": 20, "test": 10}
+    source = os.path.join(self.root, "files")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      counts)
+    # What SIGKILL leaves: a scratch directory with extracted files, and
+    # TFDS's incomplete directory of the dataset.
+    scratch = os.path.join(self.data_dir, "downloads", ".local-killed")
+    os.makedirs(os.path.join(scratch, "extracted"))
+    with open(os.path.join(scratch, "extracted", "part"), "wb") as f:
+      f.write(bytes(1000))
+    incomplete = os.path.join(self.data_dir, "fashion_mnist",
+                              "incomplete.0123abcd_3.0.1")
+    os.makedirs(incomplete)
+    process = self._start(counts, source)
+    out, err = process.communicate(timeout=300)
+    self.assertEqual(process.returncode, 0, err[-2000:])
+    for leftover in (incomplete, scratch):
+      self.assertIn(f"removed {leftover}, left by a preparation that was "
+                    "stopped", out.splitlines())
+      self.assertFalse(os.path.exists(leftover))
+    self.assertStartsWith(out.splitlines()[-1], "fashion_mnist is ready in ")
+    self.assertEqual(os.listdir(os.path.join(self.data_dir, "downloads")), [])
+    self.assertEqual([n for n in os.listdir(os.path.join(
+        self.data_dir, "fashion_mnist")) if "incomplete" in n], [])
+
+  def test_a_second_preparation_at_once_is_told_to_wait(self):
+    counts = {"train": 20, "test": 10}
+    source = os.path.join(self.root, "files")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      counts)
+    before = testing.snapshot(self.data_dir)
+    # The first preparation, as this process holds the directory.
+    descriptor = os.open(self.data_dir, os.O_RDONLY)
+    self.addCleanup(os.close, descriptor)
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    process = self._start(counts, source)
+    out, err = process.communicate(timeout=300)
+    self.assertEqual(process.returncode, 1, err[-2000:])
+    self.assertEqual(
+        [line for line in err.splitlines() if line.strip()][-1],
+        f"error: another prepare_data is preparing a dataset in --data_dir="
+        f"{self.data_dir}; wait for it to finish, then run this again (a "
+        "dataset it prepared is then left as it is)")
+    self.assertEqual(testing.snapshot(self.data_dir), before)
 
 
 def _write_npy_header(path, shape, data=bytes(20)):

@@ -10,6 +10,10 @@ Nothing here reads or writes the home directory's caches or goes online
 except `prepare`'s download.
 """
 
+import contextlib
+import errno
+import fcntl
+import glob
 import gzip
 import math
 import os
@@ -296,13 +300,15 @@ def extraction_limit(archive, registered_size=None):
   return min(limits)
 
 
-def extract_bounded(archive, members, to_path, limit, why):
+def extract_bounded(archive, members, to_path, limit, why,
+                    stopped=lambda: False):
   """Writes MEMBERS ((path inside the archive, readable file) pairs, as
   TFDS's `iter_archive` yields them: unsafe paths and links already left
   out) under TO_PATH ("" is TO_PATH itself), streamed in chunks; raises
   ArchiveTooLargeError (one line) as soon as they exceed LIMIT bytes (WHY:
   where the limit comes from). Returns the bytes written; the caller
-  removes TO_PATH on failure."""
+  removes TO_PATH on failure. STOPPED() true (the preparation was stopped
+  meanwhile) ends it at the next chunk."""
   written = 0
   for name, handle in members:
     name = name.decode() if isinstance(name, bytes) else name
@@ -310,6 +316,8 @@ def extract_bounded(archive, members, to_path, limit, why):
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "wb") as out:
       while chunk := handle.read(_CHUNK):
+        if stopped():
+          raise ValueError("the preparation was stopped")
         written += len(chunk)
         if written > limit:
           raise ArchiveTooLargeError(
@@ -321,7 +329,7 @@ def extract_bounded(archive, members, to_path, limit, why):
   return written
 
 
-def _bounded_extractor(limit_of, refused):
+def _bounded_extractor(limit_of, refused, stopped):
   """A TFDS extractor that extracts as TFDS's does (the same archive
   formats and member filter, the same incomplete-then-rename directory),
   but streamed and bounded (`extract_bounded`): TFDS's reads each member
@@ -339,7 +347,8 @@ def _bounded_extractor(limit_of, refused):
       try:
         extract_bounded(os.fspath(from_path),
                         extractor.iter_archive(from_path, method),
-                        temporary, *limit_of(os.fspath(from_path)))
+                        temporary, *limit_of(os.fspath(from_path)),
+                        stopped=stopped)
         if to_path.exists():
           shutil.rmtree(os.fspath(to_path), ignore_errors=True)
         os.replace(temporary, os.fspath(to_path))
@@ -377,6 +386,7 @@ def _local_download_manager(source_dir, download_dir, dataset_name,
     problem = None  # The one-line error, once a file was missing or bad.
     used = []  # The files of SOURCE_DIR it was given, for error messages.
     _bounded = None
+    stopped = False  # Set when the preparation ends: extraction stops too.
 
     def _refuse(self, problem):
       self.problem = problem
@@ -388,7 +398,8 @@ def _local_download_manager(source_dir, download_dir, dataset_name,
         self._bounded = _bounded_extractor(
             lambda archive: extraction_limit(
                 archive, registered_sizes.get(os.path.basename(archive))),
-            lambda line: setattr(self, "problem", line))
+            lambda line: setattr(self, "problem", line),
+            lambda: self.stopped)
       return self._bounded
 
     def download(self, url_or_urls):
@@ -459,8 +470,12 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
          "CIFAR takes a few minutes, ImageNet hours)")
   absent = _absent_directories(data_dir, builder)
   try:
-    _download_and_prepare(name, builder, data_dir, source_dir,
-                          download_config)
+    with _preparing(data_dir):
+      for leftover in _leftovers(data_dir, builder):
+        shutil.rmtree(leftover, ignore_errors=True)
+        echo(f"removed {leftover}, left by a preparation that was stopped")
+      _download_and_prepare(name, builder, data_dir, source_dir,
+                            download_config)
   except BaseException:
     # What this attempt created and left empty goes too: the listing of
     # DATA_DIR is what it was (TFDS removes its own incomplete directory).
@@ -520,6 +535,46 @@ def _absent_directories(data_dir, builder):
                 reverse=True)
 
 
+@contextlib.contextmanager
+def _preparing(data_dir):
+  """Holds DATA_DIR (created if need be) for one preparation: an exclusive
+  `flock` on the directory itself (no lock file in it), released by the
+  system however the process ends. ValueError (one line) if another
+  preparation holds it. Directories only TensorFlow reads are not held."""
+  if "://" in data_dir:
+    yield
+    return
+  os.makedirs(data_dir, exist_ok=True)
+  descriptor = os.open(data_dir, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ValueError(
+          f"another prepare_data is preparing a dataset in --data_dir="
+          f"{data_dir}; wait for it to finish, then run this again (a "
+          "dataset it prepared is then left as it is)") from None
+    yield
+  finally:
+    os.close(descriptor)  # Releases the lock.
+
+
+def _leftovers(data_dir, builder):
+  """What a preparation in DATA_DIR stopped by SIGKILL (or a power cut)
+  leaves, for the one that holds DATA_DIR to remove: the scratch
+  directories of local files (downloads/.local-*) and TFDS's incomplete
+  directories of BUILDER's dataset."""
+  if "://" in data_dir:
+    return []
+  incomplete = tfds_module().core.constants.INCOMPLETE_PREFIX
+  dataset_dir = os.path.dirname(os.path.normpath(os.fspath(builder.data_dir)))
+  found = glob.glob(os.path.join(glob.escape(data_dir), "downloads",
+                                 ".local-*"))
+  found += glob.glob(os.path.join(glob.escape(dataset_dir),
+                                  f"{incomplete}*"))
+  return sorted(path for path in found if os.path.isdir(path))
+
+
 def _registered_sizes(builder):
   """{file name: bytes} of the files TFDS registers for BUILDER's dataset
   ({} where it registers none)."""
@@ -558,6 +613,15 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
     # Network failures surface as many different exception types; the user
     # needs one line and the way out, not TFDS's traceback.
     problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    cause = e
+    while cause is not None and not (isinstance(cause, OSError) and
+                                     cause.errno == errno.ENOSPC):
+      cause = cause.__cause__ or cause.__context__
+    if cause is not None or "No space left on device" in str(e):
+      raise ValueError(
+          f"could not prepare {name} in {data_dir}: no space left on its "
+          "device; free space (or pick another --data_dir) and run this "
+          "again; nothing was kept from this attempt") from None
     advice = (f"check the files it read from {source_dir} ("
               f"{', '.join(sorted(set(local.used)))}: one may be cut short "
               "or not the dataset's); nothing was kept from this attempt"
@@ -570,6 +634,7 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
         f"{type(e).__name__}: {problem}); {advice}") from e
   finally:
     if local is not None:
+      local.stopped = True
       shutil.rmtree(scratch, ignore_errors=True)
 
 
