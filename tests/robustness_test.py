@@ -890,7 +890,8 @@ class UnwritableRunTest(testing.SharedRootTestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         self.assertNotIn("Traceback", result.stderr)
         scores = json.loads(result.stdout)
-        self.assertEqual(scores["global_step"], _checkpoint_steps(model_dir)[-1])
+        self.assertEqual(scores["global_step"],
+                         _checkpoint_steps(model_dir)[-1])
         self.assertEqual(scores["examples"], 100)
         self.assertStartsWith(
             testing.last_stderr_line(result),
@@ -974,6 +975,31 @@ class MalformedFilesTest(testing.SharedRootTestCase):
             f"error: --model_info={info} is not an export's model_info.json "
             '(an object whose "classes" has a list of "names"); pass the '
             "model_info.json of the served version, or omit --model_info")
+
+
+class FailureAdviceTest(absltest.TestCase):
+  """Item 10: a run in one process that runs out of memory is not told to
+  restart the workers of a cluster."""
+
+  def test_out_of_memory_advice_fits_the_strategy(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from identity_tf.training import distribute  # pylint: disable=g-import-not-at-top
+    error = tf.errors.ResourceExhaustedError(
+        None, None, "OOM when allocating tensor with shape[4096,4096,3,3]")
+    alone = distribute.describe_failure(error, cluster=False)
+    self.assertEqual(
+        alone, "training stopped: ResourceExhaustedError: OOM when "
+        "allocating tensor with shape[4096,4096,3,3]; the run needs more "
+        "memory than this machine has: lower --batch_size or --width (a new "
+        "--model_dir for --width)")
+    self.assertNotIn("worker", alone)
+    other = distribute.describe_failure(
+        tf.errors.InternalError(None, None, "something broke"),
+        cluster=False)
+    self.assertEqual(other, "training stopped: InternalError: something "
+                     "broke; run the same command to resume from the latest "
+                     "checkpoint")
+    self.assertIn("every worker", distribute.describe_failure(error))
 
 
 if __name__ == "__main__":

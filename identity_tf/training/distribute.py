@@ -258,10 +258,13 @@ def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
                    f"{', '.join(configs.STRATEGIES)}; got {name!r}")
 
 
-def describe_failure(error):
+def describe_failure(error, cluster=True):
   """One line for a tf.errors.OpError that ends training, mostly a peer of a
   multi-worker run that stopped: TF's text starts with "Graph execution
-  error:" and a stack, the cause and the peer are further down."""
+  error:" and a stack, the cause and the peer are further down. CLUSTER:
+  whether the run has workers to restart (its strategy is one of
+  CLUSTER_STRATEGIES); a run in one process is told what fits it (for
+  memory it ran out of: a smaller batch or network)."""
   text = str(error)
   cause = re.search(r"(?:aborted by|Cancelled|UNAVAILABLE): *([^\n]+)", text)
   peer = re.search(r"remote target /job:(\w+)/replica:\d+/task:(\d+)", text)
@@ -272,9 +275,15 @@ def describe_failure(error):
     # The middle goes: a path's end names the file, a message's end often
     # says what was wrong with it.
     what = f"{what[:90]} ... {what[-105:]}"
-  return (f"training stopped: {type(error).__name__}: {what}"
-          f"{where}; if a worker of the cluster stopped, run the same "
-          "command on every worker to resume from the latest checkpoint")
+  if cluster:
+    advice = ("if a worker of the cluster stopped, run the same command on "
+              "every worker to resume from the latest checkpoint")
+  elif isinstance(error, tf.errors.ResourceExhaustedError):
+    advice = ("the run needs more memory than this machine has: lower "
+              "--batch_size or --width (a new --model_dir for --width)")
+  else:
+    advice = "run the same command to resume from the latest checkpoint"
+  return f"training stopped: {type(error).__name__}: {what}{where}; {advice}"
 
 
 # -----------------------------------------------------------------------------

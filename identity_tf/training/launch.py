@@ -51,7 +51,9 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
   except ValueError as e:  # DatasetNotReadyError and NaN stops too.
     cli.exit_with(f"error: {e}", 1)
   except tf.errors.OpError as e:
-    cli.exit_with(f"error: {distribute.describe_failure(e)}", 1)
+    cluster = config.strategy in distribute.CLUSTER_STRATEGIES
+    cli.exit_with(
+        f"error: {distribute.describe_failure(e, cluster=cluster)}", 1)
   if distribute.is_chief(config.strategy):
     for line in summary(outcome, config, model_dir):
       result(line)
