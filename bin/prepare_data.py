@@ -36,19 +36,20 @@ flags.DEFINE_string("source_dir", None,
                     "(fashion_mnist: /usr/share/datasets/fashion-mnist).")
 
 
-class _Stopped(BaseException):
-  """SIGTERM or SIGINT (SIGNUM) during the preparation."""
-
-  def __init__(self, signum):
-    super().__init__(signum)
-    self.signum = signum
-
-
 def _stop(signum, _):
-  # One stop: a second signal must not cut the cleanup the first started.
+  """SIGTERM or Ctrl-C during the preparation: undo it, one line, exit.
+
+  Done here rather than by unwinding the stack from wherever the signal
+  came (inside TFDS, perhaps holding a lock its cleanup needs)."""
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  raise _Stopped(signum)
+  from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
+  tfds_data.stop_preparation()
+  # On a line of its own: TFDS's progress bar may have left one open.
+  os.write(2, f"\nerror: stopped by {signal.Signals(signum).name}; what this "
+              "attempt wrote was removed: run the same command to start "
+              "again\n".encode())
+  os._exit(128 + signum)  # pylint: disable=protected-access
 
 
 def main(argv):
@@ -56,19 +57,14 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   from identity_tf.data import tfds_data
   # pylint: enable=g-import-not-at-top
-  # From here SIGTERM and Ctrl-C end the preparation as an exception, so
-  # that it removes what it wrote (cli's handler ends the process at once,
-  # which suits the import above: nothing is written before this line).
+  # From here SIGTERM and Ctrl-C undo what the preparation wrote (cli's
+  # handler ends the process at once, which suits the import above:
+  # nothing is written before this line).
   signal.signal(signal.SIGTERM, _stop)
   signal.signal(signal.SIGINT, _stop)
-  try:
-    with cli.errors_as_exit():
-      path = tfds_data.prepare(FLAGS.dataset, cli.path(FLAGS.data_dir),
-                               cli.path(FLAGS.source_dir))
-  except _Stopped as e:
-    cli.exit_with(f"error: stopped by {signal.Signals(e.signum).name}; what "
-                  "this attempt wrote was removed: run the same command to "
-                  "start again", 128 + e.signum)
+  with cli.errors_as_exit():
+    path = tfds_data.prepare(FLAGS.dataset, cli.path(FLAGS.data_dir),
+                             cli.path(FLAGS.source_dir))
   data_dir = os.path.dirname(os.path.dirname(path))
   print(f"{FLAGS.dataset} is ready in {path}; train with "
         f"{shlex.quote(f'--dataset={FLAGS.dataset}')} "

@@ -21,6 +21,7 @@ import re
 import shutil
 import struct
 import tempfile
+import threading
 import uuid
 import zlib
 
@@ -388,6 +389,17 @@ def _local_download_manager(source_dir, download_dir, dataset_name,
     _bounded = None
     stopped = False  # Set when the preparation ends: extraction stops too.
 
+    def finish(self, wait=None):
+      """Stops extracting and waits (at most WAIT seconds; None: until
+      done) for the extraction threads, which stop at their next chunk:
+      none writes into the scratch directory once it is removed."""
+      self.stopped = True
+      if self._bounded is not None:
+        waiter = threading.Thread(
+            target=self._bounded._executor.shutdown, daemon=True)  # pylint: disable=protected-access
+        waiter.start()
+        waiter.join(wait)
+
     def _refuse(self, problem):
       self.problem = problem
       raise ValueError(problem)
@@ -474,8 +486,12 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
       for leftover in _leftovers(data_dir, builder):
         shutil.rmtree(leftover, ignore_errors=True)
         echo(f"removed {leftover}, left by a preparation that was stopped")
-      _download_and_prepare(name, builder, data_dir, source_dir,
-                            download_config)
+      _STOP_CLEANUP[:] = [lambda: _remove_attempt(data_dir, builder, absent)]
+      try:
+        _download_and_prepare(name, builder, data_dir, source_dir,
+                              download_config)
+      finally:
+        _STOP_CLEANUP.clear()
   except BaseException:
     # What this attempt created and left empty goes too: the listing of
     # DATA_DIR is what it was (TFDS removes its own incomplete directory).
@@ -559,6 +575,35 @@ def _preparing(data_dir):
     os.close(descriptor)  # Releases the lock.
 
 
+# While a preparation holds its data_dir: what `stop_preparation` runs.
+_STOP_CLEANUP = []
+# The download manager of the running preparation from local files, if any.
+_LOCAL = []
+
+
+def stop_preparation():
+  """Undoes the running preparation (if any), for a signal handler that
+  then ends the process: stops the extraction, removes the scratch and
+  incomplete directories (`_leftovers`: all are this preparation's, which
+  holds the data_dir) and the directories it created. Unwinding the stack
+  from a signal instead could stop inside TFDS holding a lock that its
+  cleanup then waits for."""
+  for local in _LOCAL:
+    local.finish(wait=10)
+  for cleanup in list(_STOP_CLEANUP):
+    cleanup()
+
+
+def _remove_attempt(data_dir, builder, absent):
+  for leftover in _leftovers(data_dir, builder):
+    shutil.rmtree(leftover, ignore_errors=True)
+  for directory in absent:
+    try:
+      os.rmdir(directory)
+    except OSError:  # Absent, or not empty (a partial download to resume).
+      pass
+
+
 def _leftovers(data_dir, builder):
   """What a preparation in DATA_DIR stopped by SIGKILL (or a power cut)
   leaves, for the one that holds DATA_DIR to remove: the scratch
@@ -605,6 +650,7 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
     local = _local_download_manager(source_dir, scratch, name,
                                     _registered_sizes(builder))
     builder._make_download_manager = lambda **unused: local  # pylint: disable=protected-access
+    _LOCAL[:] = [local]
   try:
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # pylint: disable=broad-except
@@ -634,7 +680,8 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
         f"{type(e).__name__}: {problem}); {advice}") from e
   finally:
     if local is not None:
-      local.stopped = True
+      local.finish()
+      _LOCAL.clear()
       shutil.rmtree(scratch, ignore_errors=True)
 
 
