@@ -17,6 +17,8 @@ image-net.org into DIR/downloads/manual/. See docs/data.md.
 """
 
 import os
+import shlex
+import signal
 
 # TensorFlow's C++ log keeps to errors unless the user chose a level; set
 # before anything imports TensorFlow (`cli.begin` also leaves out its
@@ -43,17 +45,39 @@ flags.DEFINE_string("source_dir", None,
 flags.adopt_module_key_flags(cli)
 
 
+def _stop(signum, _):
+  """SIGTERM or Ctrl-C during the preparation: undo it, one line, exit.
+
+  Done here rather than by unwinding the stack from wherever the signal
+  came (inside TFDS, perhaps holding a lock its cleanup needs)."""
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
+  tfds_data.stop_preparation()
+  # On a line of its own: TFDS's progress bar may have left one open.
+  os.write(2, f"\nerror: stopped by {signal.Signals(signum).name}; what this "
+              "attempt wrote was removed: run the same command to start "
+              "again\n".encode())
+  os._exit(128 + signum)  # pylint: disable=protected-access
+
+
 def main(argv):
   cli.begin(argv, "--dataset=NAME")
   # pylint: disable=g-import-not-at-top
   from identity_tf.data import tfds_data
   # pylint: enable=g-import-not-at-top
+  # From here SIGTERM and Ctrl-C undo what the preparation wrote (cli's
+  # handler ends the process at once, which suits the import above:
+  # nothing is written before this line).
+  signal.signal(signal.SIGTERM, _stop)
+  signal.signal(signal.SIGINT, _stop)
   with cli.errors_as_exit():
     path = tfds_data.prepare(FLAGS.dataset, cli.path(FLAGS.data_dir),
                              cli.path(FLAGS.source_dir))
+  data_dir = os.path.dirname(os.path.dirname(path))
   print(f"{FLAGS.dataset} is ready in {path}; train with "
-        f"--dataset={FLAGS.dataset} "
-        f"--data_dir={os.path.dirname(os.path.dirname(path))}")
+        f"{shlex.quote(f'--dataset={FLAGS.dataset}')} "
+        f"{shlex.quote(f'--data_dir={data_dir}')}")
 
 
 def run():

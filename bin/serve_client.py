@@ -50,7 +50,7 @@ flags.DEFINE_integer("top_k", 5, "Classes printed per image.",
                      lower_bound=1)
 flags.DEFINE_string("model_info", None,
                     "model_info.json of the export, to print class names.")
-flags.DEFINE_float("timeout", 30.0, "Seconds to wait for each answer.",
+flags.DEFINE_float("timeout", 30.0, "Seconds the whole request may take.",
                    lower_bound=1e-3)
 flags.mark_flag_as_required("model_name")
 

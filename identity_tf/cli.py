@@ -299,6 +299,70 @@ def write_whole(path, write, flag, suffix=""):
       os.remove(temporary)
 
 
+def memory_bytes():
+  """This machine's physical memory in bytes (None where unknown)."""
+  try:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def _npy_claim(f, available):
+  """(shape, dtype, bytes claimed, bytes of data present) of the .npy
+  stream F (at its start), whose data may take AVAILABLE bytes from there
+  on; ValueError if its header is not numpy's."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  start = f.tell()
+  version = np.lib.format.read_magic(f)
+  reader = {(1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+  if reader is None:
+    raise ValueError(f"unsupported .npy format version {version}")
+  shape, _, dtype = reader(f)
+  claimed = math.prod(shape) * dtype.itemsize
+  return shape, dtype, claimed, available - (f.tell() - start)
+
+
+def check_array_file(path, name):
+  """ValueError (one line starting with NAME, how the user named PATH)
+  unless every array of the .npy or .npz file PATH holds the data its
+  header claims and fits in this machine's memory: refused before numpy
+  allocates what a 193-byte file may claim (terabytes). Files that are not
+  .npy/.npz are left to the caller."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+  with open(path, "rb") as f:
+    magic = f.read(6)
+  arrays = []
+  try:
+    if magic == b"\x93NUMPY":
+      with open(path, "rb") as f:
+        arrays.append(("", *_npy_claim(f, os.path.getsize(path))))
+    elif magic[:2] == b"PK":
+      with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+          if info.filename.endswith(".npy"):
+            with archive.open(info) as f:
+              arrays.append((info.filename[:-4],
+                             *_npy_claim(f, info.file_size)))
+  except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+    raise ValueError(f"{name} is not a readable .npy/.npz file ("
+                     f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                     ")") from None
+  memory = memory_bytes()
+  for key, shape, dtype, claimed, present in arrays:
+    what = (f"{name}{f'[{key!r}]' if key else ''} claims a {dtype} array of "
+            f"shape {list(shape)} ({claimed} bytes)")
+    if dtype.hasobject:
+      continue  # Pickled objects: numpy refuses them (allow_pickle=False).
+    if memory is not None and claimed > memory:
+      raise ValueError(f"{what}, more than this machine's {memory} bytes of "
+                       "memory; pass a smaller array")
+    if claimed > present:
+      raise ValueError(f"{what} but holds {max(present, 0)} bytes of data: "
+                       "it is cut short or not what it says; save it again "
+                       "with numpy")
+
+
 def default_model_dir(preset):
   """runs/<preset> under the directory the user ran the command from."""
   return resolve_path(os.path.join("runs", preset))

@@ -10,6 +10,10 @@ Nothing here reads or writes the home directory's caches or goes online
 except `prepare`'s download.
 """
 
+import contextlib
+import errno
+import fcntl
+import glob
 import gzip
 import math
 import os
@@ -17,6 +21,8 @@ import re
 import shutil
 import struct
 import tempfile
+import threading
+import uuid
 import zlib
 
 import numpy as np
@@ -265,7 +271,103 @@ def idx_problem(path):
   return None
 
 
-def _local_download_manager(source_dir, download_dir, dataset_name):
+# What an archive of a dataset may extract to, at most: this many times the
+# archive's own bytes (a decompression bomb expands a thousandfold; the
+# datasets' gzip and tar.gz files 1.1 to 5 times), and this many times the
+# size TFDS registers for the dataset's file of that name (what the dataset
+# can hold: CIFAR-10's 162 MiB tar.gz holds 178 MB).
+MAX_EXPANSION = 100
+MAX_REGISTERED_EXPANSION = 16
+# Extraction copies in chunks of this many bytes: never a member whole.
+_CHUNK = 1 << 20
+
+
+class ArchiveTooLargeError(ValueError):
+  """An archive that would extract to more than the dataset can hold."""
+
+
+def extraction_limit(archive, registered_size=None):
+  """(bytes, why): the most ARCHIVE (a path) may extract to, all its members
+  together, and the phrase that says where the bound comes from.
+  REGISTERED_SIZE: the bytes TFDS registers for the dataset's file of that
+  name (None: not registered)."""
+  size = os.path.getsize(archive)
+  limits = [(MAX_EXPANSION * max(size, 1),
+             f"{MAX_EXPANSION} times the archive's {size} bytes")]
+  if registered_size:
+    limits.append((MAX_REGISTERED_EXPANSION * int(registered_size),
+                   f"{MAX_REGISTERED_EXPANSION} times the "
+                   f"{int(registered_size)} bytes TFDS registers for it"))
+  return min(limits)
+
+
+def extract_bounded(archive, members, to_path, limit, why,
+                    stopped=lambda: False):
+  """Writes MEMBERS ((path inside the archive, readable file) pairs, as
+  TFDS's `iter_archive` yields them: unsafe paths and links already left
+  out) under TO_PATH ("" is TO_PATH itself), streamed in chunks; raises
+  ArchiveTooLargeError (one line) as soon as they exceed LIMIT bytes (WHY:
+  where the limit comes from). Returns the bytes written; the caller
+  removes TO_PATH on failure. STOPPED() true (the preparation was stopped
+  meanwhile) ends it at the next chunk."""
+  written = 0
+  for name, handle in members:
+    name = name.decode() if isinstance(name, bytes) else name
+    target = os.path.join(to_path, name) if name else to_path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "wb") as out:
+      while chunk := handle.read(_CHUNK):
+        if stopped():
+          raise ValueError("the preparation was stopped")
+        written += len(chunk)
+        if written > limit:
+          raise ArchiveTooLargeError(
+              f"{archive} extracts to more than {limit} bytes ({why}; "
+              f"{name or 'its content'} passes it): not the dataset's file "
+              "(a decompression bomb?); replace it with the publisher's "
+              "file and run this again; nothing was kept from this attempt")
+        out.write(chunk)
+  return written
+
+
+def _bounded_extractor(limit_of, refused, stopped):
+  """A TFDS extractor that extracts as TFDS's does (the same archive
+  formats and member filter, the same incomplete-then-rename directory),
+  but streamed and bounded (`extract_bounded`): TFDS's reads each member
+  whole into memory and has no bound. LIMIT_OF(archive path) -> (bytes,
+  why); REFUSED(line) hears of an archive that passes its bound."""
+  extractor = tfds_module().core.download.extractor
+  incomplete = tfds_module().core.constants.INCOMPLETE_PREFIX
+
+  class BoundedExtractor(extractor._Extractor):  # pylint: disable=protected-access
+
+    def _extract(self, from_path, method, to_path):
+      temporary = os.path.join(os.fspath(to_path.parent),
+                               f"{incomplete}{uuid.uuid4().hex}_"
+                               f"{to_path.name}")
+      try:
+        extract_bounded(os.fspath(from_path),
+                        extractor.iter_archive(from_path, method),
+                        temporary, *limit_of(os.fspath(from_path)),
+                        stopped=stopped)
+        if to_path.exists():
+          shutil.rmtree(os.fspath(to_path), ignore_errors=True)
+        os.replace(temporary, os.fspath(to_path))
+      except BaseException as e:
+        if os.path.isdir(temporary):
+          shutil.rmtree(temporary, ignore_errors=True)
+        elif os.path.exists(temporary):
+          os.remove(temporary)
+        if isinstance(e, ArchiveTooLargeError):
+          refused(str(e))
+        raise
+      return to_path
+
+  return BoundedExtractor(max_workers=1)
+
+
+def _local_download_manager(source_dir, download_dir, dataset_name,
+                            registered_sizes=None):
   """A TFDS download manager that answers every download from SOURCE_DIR.
 
   A URL resolves to the file of the same name in SOURCE_DIR; extracting it
@@ -273,18 +375,44 @@ def _local_download_manager(source_dir, download_dir, dataset_name):
   it would from the publisher's files. TFDS's registered checksums are not
   checked: they are the publisher's archives' bytes, and a repackaged copy
   of the same content has others (Debian recompresses the .gz files). An
-  idx file is checked against its header first (`idx_problem`).
+  idx file is checked against its header first (`idx_problem`). Archives
+  are extracted streamed and bounded (`_bounded_extractor`;
+  REGISTERED_SIZES: {file name: the bytes TFDS registers for it}).
   """
   tfds = tfds_module()
+  registered_sizes = registered_sizes or {}
 
   class LocalFiles(tfds.download.DownloadManager):
 
     problem = None  # The one-line error, once a file was missing or bad.
     used = []  # The files of SOURCE_DIR it was given, for error messages.
+    _bounded = None
+    stopped = False  # Set when the preparation ends: extraction stops too.
+
+    def finish(self, wait=None):
+      """Stops extracting and waits (at most WAIT seconds; None: until
+      done) for the extraction threads, which stop at their next chunk:
+      none writes into the scratch directory once it is removed."""
+      self.stopped = True
+      if self._bounded is not None:
+        waiter = threading.Thread(
+            target=self._bounded._executor.shutdown, daemon=True)  # pylint: disable=protected-access
+        waiter.start()
+        waiter.join(wait)
 
     def _refuse(self, problem):
       self.problem = problem
       raise ValueError(problem)
+
+    @property
+    def _extractor(self):
+      if self._bounded is None:
+        self._bounded = _bounded_extractor(
+            lambda archive: extraction_limit(
+                archive, registered_sizes.get(os.path.basename(archive))),
+            lambda line: setattr(self, "problem", line),
+            lambda: self.stopped)
+      return self._bounded
 
     def download(self, url_or_urls):
       def local(url):
@@ -354,8 +482,16 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
          "CIFAR takes a few minutes, ImageNet hours)")
   absent = _absent_directories(data_dir, builder)
   try:
-    _download_and_prepare(name, builder, data_dir, source_dir,
-                          download_config)
+    with _preparing(data_dir):
+      for leftover in _leftovers(data_dir, builder):
+        shutil.rmtree(leftover, ignore_errors=True)
+        echo(f"removed {leftover}, left by a preparation that was stopped")
+      _STOP_CLEANUP[:] = [lambda: _remove_attempt(data_dir, builder, absent)]
+      try:
+        _download_and_prepare(name, builder, data_dir, source_dir,
+                              download_config)
+      finally:
+        _STOP_CLEANUP.clear()
   except BaseException:
     # What this attempt created and left empty goes too: the listing of
     # DATA_DIR is what it was (TFDS removes its own incomplete directory).
@@ -415,6 +551,86 @@ def _absent_directories(data_dir, builder):
                 reverse=True)
 
 
+@contextlib.contextmanager
+def _preparing(data_dir):
+  """Holds DATA_DIR (created if need be) for one preparation: an exclusive
+  `flock` on the directory itself (no lock file in it), released by the
+  system however the process ends. ValueError (one line) if another
+  preparation holds it. Directories only TensorFlow reads are not held."""
+  if "://" in data_dir:
+    yield
+    return
+  os.makedirs(data_dir, exist_ok=True)
+  descriptor = os.open(data_dir, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ValueError(
+          f"another prepare_data is preparing a dataset in --data_dir="
+          f"{data_dir}; wait for it to finish, then run this again (a "
+          "dataset it prepared is then left as it is)") from None
+    yield
+  finally:
+    os.close(descriptor)  # Releases the lock.
+
+
+# While a preparation holds its data_dir: what `stop_preparation` runs.
+_STOP_CLEANUP = []
+# The download manager of the running preparation from local files, if any.
+_LOCAL = []
+
+
+def stop_preparation():
+  """Undoes the running preparation (if any), for a signal handler that
+  then ends the process: stops the extraction, removes the scratch and
+  incomplete directories (`_leftovers`: all are this preparation's, which
+  holds the data_dir) and the directories it created. Unwinding the stack
+  from a signal instead could stop inside TFDS holding a lock that its
+  cleanup then waits for."""
+  for local in _LOCAL:
+    local.finish(wait=10)
+  for cleanup in list(_STOP_CLEANUP):
+    cleanup()
+
+
+def _remove_attempt(data_dir, builder, absent):
+  for leftover in _leftovers(data_dir, builder):
+    shutil.rmtree(leftover, ignore_errors=True)
+  for directory in absent:
+    try:
+      os.rmdir(directory)
+    except OSError:  # Absent, or not empty (a partial download to resume).
+      pass
+
+
+def _leftovers(data_dir, builder):
+  """What a preparation in DATA_DIR stopped by SIGKILL (or a power cut)
+  leaves, for the one that holds DATA_DIR to remove: the scratch
+  directories of local files (downloads/.local-*) and TFDS's incomplete
+  directories of BUILDER's dataset."""
+  if "://" in data_dir:
+    return []
+  incomplete = tfds_module().core.constants.INCOMPLETE_PREFIX
+  dataset_dir = os.path.dirname(os.path.normpath(os.fspath(builder.data_dir)))
+  found = glob.glob(os.path.join(glob.escape(data_dir), "downloads",
+                                 ".local-*"))
+  found += glob.glob(os.path.join(glob.escape(dataset_dir),
+                                  f"{incomplete}*"))
+  return sorted(path for path in found if os.path.isdir(path))
+
+
+def _registered_sizes(builder):
+  """{file name: bytes} of the files TFDS registers for BUILDER's dataset
+  ({} where it registers none)."""
+  try:
+    infos = builder.url_infos or {}
+  except Exception:  # pylint: disable=broad-except
+    return {}
+  return {os.path.basename(url.split("?")[0]): int(info.size)
+          for url, info in infos.items() if info.size}
+
+
 def _download_and_prepare(name, builder, data_dir, source_dir,
                           download_config):
   """Runs TFDS's preparation of NAME (BUILDER), its files from SOURCE_DIR
@@ -431,8 +647,10 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
     os.makedirs(os.path.join(data_dir, "downloads"), exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".local-", dir=os.path.join(
         data_dir, "downloads"))
-    local = _local_download_manager(source_dir, scratch, name)
+    local = _local_download_manager(source_dir, scratch, name,
+                                    _registered_sizes(builder))
     builder._make_download_manager = lambda **unused: local  # pylint: disable=protected-access
+    _LOCAL[:] = [local]
   try:
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # pylint: disable=broad-except
@@ -441,6 +659,15 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
     # Network failures surface as many different exception types; the user
     # needs one line and the way out, not TFDS's traceback.
     problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    cause = e
+    while cause is not None and not (isinstance(cause, OSError) and
+                                     cause.errno == errno.ENOSPC):
+      cause = cause.__cause__ or cause.__context__
+    if cause is not None or "No space left on device" in str(e):
+      raise ValueError(
+          f"could not prepare {name} in {data_dir}: no space left on its "
+          "device; free space (or pick another --data_dir) and run this "
+          "again; nothing was kept from this attempt") from None
     advice = (f"check the files it read from {source_dir} ("
               f"{', '.join(sorted(set(local.used)))}: one may be cut short "
               "or not the dataset's); nothing was kept from this attempt"
@@ -453,6 +680,8 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
         f"{type(e).__name__}: {problem}); {advice}") from e
   finally:
     if local is not None:
+      local.finish()
+      _LOCAL.clear()
       shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -32,9 +32,8 @@ import http.client
 import json
 import re
 import socket
-import urllib.error
+import threading
 import urllib.parse
-import urllib.request
 
 import grpc
 import numpy as np
@@ -113,6 +112,10 @@ def read_input(path, display_name=None):
   except OSError as e:
     raise ServingError(f"cannot read {name}: {e.strerror}") from None
   if data.startswith(_NPY_MAGIC):
+    try:
+      cli.check_array_file(path, name)  # Before numpy allocates anything.
+    except ValueError as e:
+      raise ServingError(str(e)) from None
     try:
       array = np.load(path, allow_pickle=False)
     except ValueError as e:
@@ -236,33 +239,99 @@ def _error_text(raw):
   return condense_error(text)
 
 
+# The most bytes an answer may have: what the probabilities of a batch of
+# images can take (a float written out in JSON takes about 25 bytes; 256 KiB
+# per image are 10,000 classes), and at least 1 MiB. A larger answer is not
+# one of an identity_tf export, and is not read into memory.
+ANSWER_BYTES_PER_IMAGE = 1 << 18
+MIN_ANSWER_BYTES = 1 << 20
+_CHUNK = 1 << 16
+
+
+def answer_limit(num_images):
+  """The most bytes the answer for NUM_IMAGES images may take."""
+  return max(MIN_ANSWER_BYTES, ANSWER_BYTES_PER_IMAGE * max(num_images, 1))
+
+
+def _too_large(server, limit, what):
+  return ServingError(
+      f"{server}'s answer is larger than {limit} bytes ({what}), far more "
+      "than the probabilities of the images sent; is --server TF Serving "
+      "serving an identity_tf export?")
+
+
+def _read_capped(response, server, limit):
+  """RESPONSE's body (an http.client.HTTPResponse), at most LIMIT bytes,
+  read a chunk at a time; ServingError past LIMIT."""
+  declared = response.getheader("Content-Length")
+  if declared and declared.isdigit() and int(declared) > limit:
+    raise _too_large(server, limit, f"it announces {declared}")
+  chunks, size = [], 0
+  while chunk := response.read1(_CHUNK):
+    size += len(chunk)
+    if size > limit:
+      raise _too_large(server, limit, "it kept coming")
+    chunks.append(chunk)
+  return b"".join(chunks)
+
+
 def rest_predict(server, model_name, signature, batch, version=None,
                  timeout=30.0):
-  """Sends BATCH to SERVER over REST; returns (probabilities, classes)."""
-  url = rest_url(server, model_name, version)
+  """Sends BATCH to SERVER over REST; returns (probabilities, classes).
+
+  TIMEOUT (seconds) bounds the whole request, from connecting to the last
+  byte of the answer: a server that answers a byte at a time is stopped
+  there too (a timer shuts the connection down). The answer is read in
+  chunks up to `answer_limit` bytes.
+  """
+  url = urllib.parse.urlsplit(rest_url(server, model_name, version))
   data = json.dumps(rest_body(signature, batch)).encode("utf-8")
-  request = urllib.request.Request(
-      url, data=data, method="POST",
-      headers={"Content-Type": "application/json"})
+  limit = answer_limit(len(batch))
+  connection = http.client.HTTPConnection(url.hostname, url.port or 80,
+                                          timeout=timeout)
+  expired = threading.Event()
+
+  def expire():
+    expired.set()
+    if connection.sock is not None:
+      try:
+        connection.sock.shutdown(socket.SHUT_RDWR)
+      except OSError:
+        pass
+
+  timer = threading.Timer(timeout, expire)
+  timer.daemon = True
+  timer.start()
   try:
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-      raw = response.read()
-  except urllib.error.HTTPError as e:
-    message = _error_text(e.read())
-    if e.code == 404:
-      raise _unknown_model(server, model_name, version, message) from None
-    raise ServingError(f"the server refused the request (HTTP {e.code}): "
-                       f"{message}") from None
-  except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-    reason = getattr(e, "reason", e)
-    if isinstance(reason, (socket.timeout, TimeoutError)):
+    connection.request("POST", url.path, body=data,
+                       headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    raw = _read_capped(response, server, limit)
+    status = response.status
+  except (http.client.HTTPException, OSError) as e:
+    if expired.is_set() or isinstance(e, (socket.timeout, TimeoutError)):
       raise ServingError(
-          f"no answer from {server} within {timeout:g} s; is the server "
-          f"overloaded? (raise --timeout)") from None
+          f"no complete answer from {server} within {timeout:g} s (--timeout "
+          f"bounds the whole request); is the server overloaded? (raise "
+          f"--timeout)") from None
     raise ServingError(
-        f"cannot reach TF Serving's REST API at {server} ({reason}); start "
+        f"cannot reach TF Serving's REST API at {server} ({e}); start "
         f"tensorflow_model_server with --rest_api_port, or check --server"
     ) from None
+  finally:
+    timer.cancel()
+    connection.close()
+  if expired.is_set():  # The timer fired as the last byte came.
+    raise ServingError(
+        f"no complete answer from {server} within {timeout:g} s (--timeout "
+        f"bounds the whole request); is the server overloaded? (raise "
+        f"--timeout)")
+  if status != 200:
+    message = _error_text(raw)
+    if status == 404:
+      raise _unknown_model(server, model_name, version, message)
+    raise ServingError(f"the server refused the request (HTTP {status}): "
+                       f"{message}")
   try:
     body = json.loads(raw)
   except ValueError:
@@ -328,9 +397,12 @@ def grpc_predict(server, model_name, signature, batch, version=None,
                  timeout=30.0):
   """Sends BATCH to SERVER over gRPC; returns (probabilities, classes)."""
   request = grpc_request(model_name, signature, batch, version)
-  # Requests of big images exceed gRPC's default 4 MiB limit.
+  # Requests of big images exceed gRPC's default 4 MiB limit; the answer
+  # is bounded as REST's is (`answer_limit`). TIMEOUT is gRPC's deadline:
+  # it bounds the whole call.
+  limit = answer_limit(len(batch))
   options = [("grpc.max_send_message_length", -1),
-             ("grpc.max_receive_message_length", -1)]
+             ("grpc.max_receive_message_length", limit)]
   with grpc.insecure_channel(server, options=options) as channel:
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     try:
@@ -349,6 +421,9 @@ def grpc_predict(server, model_name, signature, batch, version=None,
             f"port, and not overloaded? (raise --timeout)") from None
       if code == grpc.StatusCode.NOT_FOUND:
         raise _unknown_model(server, model_name, version, details) from None
+      if (code == grpc.StatusCode.RESOURCE_EXHAUSTED and
+          "larger than max" in details):
+        raise _too_large(server, limit, details) from None
       raise ServingError(f"the server refused the request ({code.name}): "
                          f"{details}") from None
   return parse_grpc_response(response)
@@ -391,9 +466,34 @@ def predict(server, model_name, inputs, *, protocol="rest", signature=None,
     if len(probabilities) != len(names):
       raise ServingError(f"sent {len(names)} images but got "
                          f"{len(probabilities)} predictions back")
+    _check_probabilities(server, probabilities, names)
     del classes  # The top-k below starts with it.
     results.extend(zip(names, probabilities))
   return results
+
+
+def _check_probabilities(server, probabilities, names):
+  """ServingError (one line naming the image) unless each row of
+  PROBABILITIES is a distribution: at least one class, every value finite
+  and in [0, 1], summing to 1 within float32 rounding. A server that
+  answers otherwise is not serving an identity_tf export as exported (or
+  the model diverged), and its numbers are no answer."""
+  probabilities = np.asarray(probabilities, np.float64)
+  if probabilities.ndim != 2 or probabilities.shape[1] == 0:
+    raise ServingError(
+        f"{server} answered no class probabilities for {names[0]}; is the "
+        "served model an identity_tf export?")
+  for name, row in zip(names, probabilities):
+    if not np.all(np.isfinite(row)):
+      raise ServingError(
+          f"{server} answered NaN or infinite probabilities for {name}: the "
+          "served model's weights are not finite (a diverged run?); export a "
+          "finite checkpoint")
+    if np.any(row < 0) or np.any(row > 1) or abs(row.sum() - 1) > 2e-2:
+      raise ServingError(
+          f"{server} answered values for {name} that are not probabilities "
+          f"(they sum to {row.sum():.6g}); is the served model an "
+          "identity_tf export?")
 
 
 def top_k(probabilities, k):
@@ -410,7 +510,16 @@ def read_class_names(model_info_path):
   except (OSError, ValueError) as e:
     raise ServingError(f"cannot read --model_info={model_info_path}: "
                        f"{e}") from None
-  return info.get("classes", {}).get("names")
+  classes = info.get("classes", {}) if isinstance(info, dict) else None
+  names = classes.get("names") if isinstance(classes, dict) else None
+  if not isinstance(classes, dict) or not (
+      names is None or (isinstance(names, list) and
+                        all(isinstance(n, str) for n in names))):
+    raise ServingError(
+        f"--model_info={model_info_path} is not an export's model_info.json "
+        '(an object whose "classes" has a list of "names"); pass the '
+        "model_info.json of the served version, or omit --model_info")
+  return names
 
 
 def format_prediction(name, probabilities, k, class_names=None):

@@ -31,6 +31,8 @@ before the graph runs (and the shape is checked again inside it).
 import datetime
 import json
 import os
+import re
+import shlex
 import shutil
 import uuid
 
@@ -55,13 +57,29 @@ def _is_local(path):
   return "://" not in path
 
 
-def existing_versions(export_dir):
-  """The versions in EXPORT_DIR, sorted: subdirectories named by integers."""
+# TF Serving reads version numbers as int64: a directory named by a larger
+# number is never served.
+MAX_VERSION = 2**63 - 1
+
+
+def _version_names(export_dir):
+  """{version: is a directory} of the entries of EXPORT_DIR named by a
+  version number (ASCII digits, at most MAX_VERSION; "²" is a digit to
+  Python but no version)."""
   if not os.path.isdir(export_dir):
-    return []
-  return sorted(int(name) for name in os.listdir(export_dir)
-                if name.isdigit() and
-                os.path.isdir(os.path.join(export_dir, name)))
+    return {}
+  names = {}
+  for name in os.listdir(export_dir):
+    if re.fullmatch(r"[0-9]+", name) and int(name) <= MAX_VERSION:
+      names[int(name)] = os.path.isdir(os.path.join(export_dir, name))
+  return names
+
+
+def existing_versions(export_dir):
+  """The versions in EXPORT_DIR, sorted: subdirectories named by integers
+  TF Serving can load."""
+  return sorted(v for v, is_dir in _version_names(export_dir).items()
+                if is_dir)
 
 
 def choose_version(export_dir, version=None, overwrite=False):
@@ -77,16 +95,30 @@ def choose_version(export_dir, version=None, overwrite=False):
   if os.path.exists(export_dir) and not os.path.isdir(export_dir):
     raise ValueError(f"--export_dir={export_dir} is a file, not a directory: "
                      "give TF Serving's model base path, a directory")
-  versions = existing_versions(export_dir)
+  names = _version_names(export_dir)
+  versions = sorted(v for v, is_dir in names.items() if is_dir)
+  # A file named by a number takes that number too (the version directory
+  # cannot be renamed onto it): the next version is past every such name.
+  following = max(names) + 1 if names else 1
   if version is None:
-    return (versions[-1] + 1) if versions else 1
+    if following > MAX_VERSION:
+      raise ValueError(
+          f"{export_dir} already holds version {MAX_VERSION}, the largest "
+          "TF Serving loads; pass --version with a free number")
+    return following
   version = int(version)
-  if version < 1:
-    raise ValueError(f"--version must be a positive integer, got {version}")
+  if not 1 <= version <= MAX_VERSION:
+    raise ValueError(f"--version must be between 1 and {MAX_VERSION} (TF "
+                     f"Serving reads it as int64), got {version}")
+  if version in names and not names[version]:
+    raise ValueError(
+        f"{os.path.join(export_dir, str(version))} is a file, not a version "
+        f"directory; remove it, or pass another --version (the next free is "
+        f"{following})")
   if version in versions and not overwrite:
     raise ValueError(
         f"version {version} already exists in {export_dir}; pass --overwrite "
-        f"or omit --version (the next is {versions[-1] + 1})")
+        f"or omit --version (the next is {following})")
   return version
 
 
@@ -347,15 +379,24 @@ def export_model(model, run, step, export_dir, *, version=None,
   info = model_info(run, step, version=version, checkpoint=checkpoint,
                     num_classes=num_classes)
   module = ServingModule(model, run.preprocessing)
-  os.makedirs(export_dir, exist_ok=True)
   temporary = os.path.join(
       export_dir, f"{_TEMPORARY_PREFIX}{version}-{uuid.uuid4().hex[:8]}")
-  os.mkdir(temporary)
   try:
+    os.makedirs(export_dir, exist_ok=True)
+    os.mkdir(temporary)
     module.save(temporary)
     with open(os.path.join(temporary, MODEL_INFO_FILE), "w") as f:
       f.write(json.dumps(info, indent=2) + "\n")
     _move_into_place(temporary, export_dir, version, overwrite)
+  except (OSError, tf.errors.OpError) as e:
+    shutil.rmtree(temporary, ignore_errors=True)
+    reason = (getattr(e, "strerror", None) or
+              (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
+    raise ValueError(
+        f"cannot write version {version} into --export_dir={export_dir} "
+        f"({type(e).__name__}: {reason}); free space, fix the directory or "
+        "its permissions, or pick another --export_dir; nothing was "
+        "exported") from None
   except BaseException:
     shutil.rmtree(temporary, ignore_errors=True)
     raise
@@ -426,5 +467,6 @@ def export_command(model_dir, export_dir, *, checkpoint=None, version=None,
            f"(ignored by TF Serving; safe to delete): {', '.join(stale)}")
   name = os.path.basename(os.path.normpath(export_dir))
   result(f"serve:   tensorflow_model_server --port=8500 --rest_api_port=8501 "
-         f"--model_name={name} --model_base_path={export_dir}")
-  result(f"inspect: saved_model_cli show --dir {path} --all")
+         f"{shlex.quote(f'--model_name={name}')} "
+         f"{shlex.quote(f'--model_base_path={export_dir}')}")
+  result(f"inspect: saved_model_cli show --dir {shlex.quote(path)} --all")

@@ -30,6 +30,7 @@ def read_npz(path):
     if f.read(2) != b"PK":  # Every .npz is a zip archive.
       raise ValueError(f"--data={path} is not an .npz archive (a text "
                        "file?); save it with numpy.savez(path, x=x, y=y)")
+  cli.check_array_file(path, f"--data={path}")  # Before numpy allocates.
   try:
     with np.load(path, allow_pickle=False) as data:
       missing = [key for key in ("x", "y") if key not in data.files]

@@ -59,6 +59,7 @@ def read_matrix(path, as_typed=None, name="R"):
   if magic[:2] != b"PK" and magic != b"\x93NUMPY":
     raise ValueError(f"{flag} is not a .npy file (a text file?); save "
                      f"{name} with numpy.save(path, {name})")
+  cli.check_array_file(path, flag)  # Before numpy allocates anything.
   try:
     r = np.load(path, allow_pickle=False)
   except (OSError, ValueError) as e:

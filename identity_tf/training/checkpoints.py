@@ -21,6 +21,7 @@ import time
 
 from google.protobuf import text_format
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from identity_tf import model as model_lib
 from identity_tf.training import config_file
@@ -338,6 +339,42 @@ def resume_point(model_dir, chief=True, echo=None):
   return intact[0] if intact else None
 
 
+# Seconds a worker that is not the chief waits for the chief's checkpoint of
+# the step it ended at (both save it at once) before keeping its own copy.
+CHIEF_CHECKPOINT_WAIT = 30.0
+
+
+def discard_worker_copy(worker_dir, model_dir, wait=CHIEF_CHECKPOINT_WAIT):
+  """Removes WORKER_DIR, the checkpoints of a multi-worker worker that is not
+  the chief, once the chief's checkpoint of the same step or a later one is
+  whole in MODEL_DIR (with its .sha256 record, written last).
+
+  tf.distribute has every worker save and the non-chief copies thrown away:
+  that is safe only where the chief's copy exists. Where it does not appear
+  within WAIT seconds -- a model_dir the workers do not share, a chief that
+  failed to save -- the worker's copy is the only one: it is kept, and
+  ValueError (one line) says where.
+  """
+  if not tf.io.gfile.exists(worker_dir):
+    return
+  mine = checkpoint_prefixes(worker_dir)
+  if mine:
+    step = checkpoint_step(mine[0])
+    deadline = time.monotonic() + wait
+    while not any(checkpoint_step(p) >= step and
+                  tf.io.gfile.exists(p + ".sha256")
+                  for p in checkpoint_prefixes(model_dir)):
+      if time.monotonic() >= deadline:
+        raise ValueError(
+            f"the chief's checkpoint of step {step} is not in "
+            f"--model_dir={model_dir} (waited {wait:g} s), so this worker "
+            f"kept its own copy in {worker_dir}: --model_dir must be a "
+            "directory every worker of the cluster sees (docs/training.md, "
+            "Strategies)")
+      time.sleep(0.5)
+  tf.io.gfile.rmtree(worker_dir)
+
+
 def save(manager, step, directory):
   """MANAGER's checkpoint of STEP in DIRECTORY, with its digest; its path.
 
@@ -425,11 +462,124 @@ def restore_model(model_dir, checkpoint=None, echo=None, precision=None):
 
 def restore_checkpoint(model_dir, path, precision=None):
   """`restore_model` of PATH, a prefix `find_checkpoint` has already found
-  and verified (verifying reads every byte: not twice)."""
+  and verified (verifying reads every byte: not twice). ValueError (one
+  line naming both networks) if PATH holds another network than MODEL_DIR's
+  config.json describes (`check_network`): nothing is restored partially."""
   run = run_lib.read(model_dir)
   model = build_model(run, precision)
-  tf.train.Checkpoint(model=model).read(path).expect_partial()
+  check_network(model, path, run)
+  tf.train.Checkpoint(model=model).read(path).expect_partial(
+  ).assert_existing_objects_matched()
   return model, run, checkpoint_step(path)
+
+
+# The tensor in which a tf.train.Checkpoint stores its object graph.
+_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def _network_variables(reader):
+  """{path from the root's "model": shape} of each variable of the network
+  a checkpoint holds (READER: its CheckpointReader), found through its
+  object graph: a variable is stored once, under the first path that
+  reaches it (in a training checkpoint often the optimizer's), so the
+  tensor names alone do not say which variables the network has."""
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+  shapes = reader.get_variable_to_shape_map()
+  roots = [child.node_id for child in graph.nodes[0].children
+           if child.local_name == "model"]
+  paths = {roots[0]: ""} if roots else {}
+  queue = list(paths)
+  while queue:  # Breadth first: each node under its shortest path.
+    node = queue.pop(0)
+    for child in graph.nodes[node].children:
+      if child.node_id not in paths:
+        paths[child.node_id] = f"{paths[node]}/{child.local_name}"
+        queue.append(child.node_id)
+  return {path.lstrip("/"): tuple(shapes.get(attribute.checkpoint_key, ()))
+          for node, path in paths.items()
+          for attribute in graph.nodes[node].attributes
+          if attribute.name == "VARIABLE_VALUE"}
+
+
+def _expected_variables(model):
+  """`_network_variables` of MODEL as tf.train.Checkpoint(model=MODEL)
+  writes it: written for real, to TensorFlow's in-memory filesystem."""
+  directory = f"ram://network-{os.getpid()}-{id(model)}"
+  try:
+    prefix = tf.train.Checkpoint(model=model).write(f"{directory}/probe")
+    return _network_variables(tf.compat.v1.train.NewCheckpointReader(prefix))
+  finally:
+    if tf.io.gfile.exists(directory):
+      tf.io.gfile.rmtree(directory)
+
+
+def _network_of(run):
+  """A run's network in a few words: its model and options."""
+  options = ", ".join(f"{k}={v!r}" for k, v in sorted(
+      run.model_options.items()))
+  return f"{run.model_name} ({options})"
+
+
+def check_network(model, path, run):
+  """ValueError (one line) unless checkpoint PATH holds exactly MODEL's
+  variables, with MODEL's shapes: MODEL is RUN's network (config.json of
+  RUN.model_dir), and a checkpoint of another one (one more scalar per
+  block, a block more or less, other widths) would otherwise be restored
+  partially without a word. The line names both networks: RUN's, and the
+  one config.json next to PATH describes, by the options that differ."""
+  found = _network_variables(tf.train.load_checkpoint(path))
+  expected = _expected_variables(model)
+  missing = sorted(set(expected) - set(found))
+  extra = sorted(set(found) - set(expected))
+  reshaped = sorted(name for name in set(expected) & set(found)
+                    if expected[name] != found[name])
+  if not (missing or extra or reshaped):
+    return
+  problems = []
+  if missing:
+    problems.append(f"{len(missing)} of the network's {len(expected)} "
+                    f"variables are not in it (e.g. {missing[0]})")
+  if extra:
+    problems.append(f"{len(extra)} of its variables are not in the network "
+                    f"(e.g. {extra[0]})")
+  if reshaped:
+    name = reshaped[0]
+    problems.append(f"{len(reshaped)} differ in shape (e.g. {name}: "
+                    f"{list(found[name])} in the checkpoint, "
+                    f"{list(expected[name])} in the network)")
+  source = os.path.dirname(path)
+  try:
+    other = run_lib.read(source) if config_file.exists(source) else None
+  except ValueError:
+    other = None
+  if other is None:
+    theirs = (f"{source} has no readable {config_file.CONFIG_FILE} to say "
+              f"what it is; this run's network is {_network_of(run)}")
+  else:
+    differ = sorted(key for key in set(run.model_options) |
+                    set(other.model_options)
+                    if run.model_options.get(key) !=
+                    other.model_options.get(key))
+    if other.model_name != run.model_name:
+      differ = ["model"] + differ
+    if differ:
+      theirs = ("its run's " + config_file.path(source) + " describes " +
+                ", ".join(f"{k}={_option(other, k)!r}" for k in differ) +
+                " where this run has " +
+                ", ".join(f"{k}={_option(run, k)!r}" for k in differ))
+    else:
+      theirs = (f"although {config_file.path(source)} describes the same "
+                "network")
+  raise ValueError(
+      f"checkpoint {path} holds another network than the {run.model_name} "
+      f"network of --model_dir={run.model_dir}'s {config_file.CONFIG_FILE}: "
+      f"{'; '.join(problems)}; {theirs}; nothing was restored: give a "
+      f"checkpoint of this run, or the --model_dir that wrote it")
+
+
+def _option(run, key):
+  return run.model_name if key == "model" else run.model_options.get(key)
 
 
 def build_model(run, precision=None):

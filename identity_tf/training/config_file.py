@@ -65,7 +65,33 @@ def read(model_dir):
     raise ValueError(f"{file} is not the description of a training run (no "
                      f"{', '.join(missing)}); restore it from a copy, or use "
                      "a new --model_dir")
+  model = description["model"]
+  wrong = [f'"{key}" is {_kind(description[key])}, not an object'
+           for key in ("config", "preprocessing")
+           if not isinstance(description[key], dict)]
+  if not isinstance(model, dict):
+    wrong.append(f'"model" is {_kind(model)}, not an object')
+  elif not isinstance(model.get("name"), str) or not isinstance(
+      model.get("options"), dict):
+    wrong.append('"model" lacks its "name" and "options"')
+  if description.get("dataset") is not None and not isinstance(
+      description["dataset"], dict):
+    wrong.append(f'"dataset" is {_kind(description["dataset"])}, not an '
+                 "object")
+  if wrong:
+    raise ValueError(f"{file} is not the description of a training run "
+                     f"({'; '.join(wrong)}); restore it from a copy, or use "
+                     "a new --model_dir")
+  _history(model_dir, description)
   return description
+
+
+def _kind(value):
+  """What a JSON value is, in a few words."""
+  if value is None:
+    return "null"
+  return {dict: "an object", list: "a list", str: "a string",
+          bool: "a boolean"}.get(type(value), "a number")
 
 
 def write(model_dir, description):
@@ -118,21 +144,66 @@ def record(model_dir, description, step):
   with no change left is dropped.
   """
   description = dict(description)
-  history = []
+  history, changed = [], {}
   if exists(model_dir):
     stored = read(model_dir)
-    history = list(stored.get("history", []))
-    # Read through Config, so that a field a newer version added (with its
-    # default) is not taken for a change.
-    old = configs.to_dict(_config(model_dir, stored))
-    new = description["config"]
-    changed = {name: [old.get(name), value] for name, value in new.items()
-               if old.get(name) != value}
+    history = _history(model_dir, stored)
+    changed = _changed(model_dir, stored, description["config"])
     if changed:
       history = _add_change(history, step, changed)
   if history:
     description["history"] = history
   write(model_dir, description)
+  return change_lines(changed)
+
+
+def _changed(model_dir, stored, new):
+  """{field: [stored value, NEW's]} of each field of config dict NEW that
+  differs from STORED (config.json's dict)."""
+  # Read through Config, so that a field a newer version added (with its
+  # default) is not taken for a change.
+  old = configs.to_dict(_config(model_dir, stored))
+  return {name: [old.get(name), value] for name, value in new.items()
+          if old.get(name) != value}
+
+
+def changes(model_dir, config):
+  """`change_lines` of what CONFIG (a `configs.Config`) would change in
+  MODEL_DIR's config.json ([] if there is none)."""
+  if not exists(model_dir):
+    return []
+  return change_lines(_changed(model_dir, read(model_dir),
+                               configs.to_dict(config)))
+
+
+def _show(value):
+  """A setting's value as a flag would take it (lists as JSON)."""
+  return value if isinstance(value, str) else json.dumps(value)
+
+
+def change_lines(changed):
+  """One line per stored setting a command changes, "name: from → to"
+  (CHANGED: {name: [from, to]}), in the order of the fields."""
+  return [f"{name}: {_show(old)} \u2192 {_show(new)}"
+          for name, (old, new) in changed.items()]
+
+
+def _history(model_dir, stored):
+  """STORED's "history" (config.json's dict), checked: ValueError (one line
+  naming the file) unless it is a list of {"step": int, "changed": {name:
+  [old, new]}}."""
+  history = stored.get("history", [])
+  well_formed = isinstance(history, list) and all(
+      isinstance(entry, dict) and isinstance(entry.get("step"), int) and
+      isinstance(entry.get("changed"), dict) and all(
+          isinstance(change, list) and len(change) == 2
+          for change in entry["changed"].values())
+      for entry in history)
+  if not well_formed:
+    raise ValueError(f'{path(model_dir)} has a malformed "history" (a list '
+                     'of {"step": STEP, "changed": {NAME: [OLD, NEW]}} '
+                     "expected); fix or remove it, or use a new --model_dir")
+  return list(history)
 
 
 def _add_change(history, step, changed):
@@ -171,7 +242,7 @@ def stored_config(model_dir):
 def _config(model_dir, description):
   try:
     return configs.from_dict(description["config"])
-  except TypeError as e:  # Unknown or missing fields.
+  except (TypeError, ValueError, AttributeError) as e:  # Fields, values.
     raise ValueError(f"{path(model_dir)} does not hold a configuration this "
                      f"version reads ({e}); use a new --model_dir") from None
 

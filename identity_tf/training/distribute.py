@@ -21,25 +21,85 @@ from identity_tf import configs
 from identity_tf.theory import parallel
 
 
-def _resolver():
-  """TF_CONFIG's cluster resolver; ValueError (one line) if it is not JSON."""
+# The strategies whose cluster comes from TF_CONFIG. The others train in
+# this one process, whatever TF_CONFIG says.
+CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+
+
+def tf_config():
+  """TF_CONFIG as a dict ({} when it is unset or blank); ValueError (one line
+  naming TF_CONFIG) if it is not a JSON object whose "cluster" and "task"
+  are objects."""
+  text = os.environ.get("TF_CONFIG", "")
+  if not text.strip():
+    return {}
+  fix = ('set it to {"cluster": {...}, "task": {"type": ..., "index": ...}} '
+         "or unset it (docs/training.md, Strategies)")
   try:
-    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    value = json.loads(text)
   except json.JSONDecodeError as e:
+    raise ValueError(f"TF_CONFIG is not valid JSON ({e}); {fix}") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"TF_CONFIG must be a JSON object, got "
+                     f"{type(value).__name__}; {fix}")
+  for key in ("cluster", "task"):
+    if not isinstance(value.get(key, {}), dict):
+      raise ValueError(f'TF_CONFIG\'s "{key}" must be a JSON object, got '
+                       f"{type(value[key]).__name__}; {fix}")
+  task = value.get("task", {})
+  index = task.get("index", 0)
+  if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+    raise ValueError(f'TF_CONFIG\'s task "index" must be a whole number >= 0, '
+                     f"got {index!r}; {fix}")
+  return value
+
+
+def check_tf_config(strategy, echo):
+  """Checks TF_CONFIG for --strategy=STRATEGY (ValueError naming it if it
+  is malformed, whatever the strategy). Strategies outside
+  CLUSTER_STRATEGIES train in this one process: ECHO hears, in one line,
+  that a TF_CONFIG that is set is ignored (a leftover of another run,
+  most likely -- it must not make this process a worker whose checkpoints
+  are scratch)."""
+  config = tf_config()
+  if config and strategy not in CLUSTER_STRATEGIES:
+    echo(f"note: TF_CONFIG is set but ignored: --strategy={strategy} trains "
+         f"in this one process (only {' and '.join(CLUSTER_STRATEGIES)} read "
+         "TF_CONFIG); unset it to silence this note")
+
+
+def _resolver():
+  """TF_CONFIG's cluster resolver; ValueError (one line naming TF_CONFIG) if
+  TF_CONFIG is not valid."""
+  tf_config()
+  try:
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    # The resolver reads TF_CONFIG lazily: read it now, where a bad value
+    # can be named.
+    _ = resolver.task_type, resolver.task_id, resolver.cluster_spec()
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
     raise ValueError(
-        f"TF_CONFIG is not valid JSON ({e}); set it to "
-        '{"cluster": {...}, "task": {"type": ..., "index": ...}} or unset it '
-        "(docs/training.md, Strategies)") from None
+        f"TF_CONFIG does not describe a cluster ({type(e).__name__}: {e}); "
+        'set it to {"cluster": {...}, "task": {"type": ..., "index": ...}} '
+        "or unset it (docs/training.md, Strategies)") from None
+  return resolver
 
 
-def cluster_task():
-  """(task type, task index) of this process from TF_CONFIG, or (None, 0)."""
+def cluster_task(strategy):
+  """(task type, task index) of this process under --strategy=STRATEGY:
+  TF_CONFIG's for CLUSTER_STRATEGIES, else (None, 0) -- TF_CONFIG is
+  ignored."""
+  if strategy not in CLUSTER_STRATEGIES:
+    return None, 0
   resolver = _resolver()
   return resolver.task_type, resolver.task_id or 0
 
 
-def is_chief():
-  """Whether this process writes model_dir: the chief, or worker 0 if none."""
+def is_chief(strategy):
+  """Whether this process writes model_dir under --strategy=STRATEGY: the
+  chief, or worker 0 if none; always outside CLUSTER_STRATEGIES."""
+  if strategy not in CLUSTER_STRATEGIES:
+    return True
   resolver = _resolver()
   task_type, task_id = resolver.task_type, resolver.task_id or 0
   if task_type is None or task_type == "chief":
@@ -167,6 +227,7 @@ def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
   local TPU or the one in the environment). Raises ValueError with the fix
   when the environment does not fit.
   """
+  check_tf_config(name, echo)
   if name == "default":
     return tf.distribute.get_strategy()
   if name == "mirrored":
@@ -197,10 +258,13 @@ def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
                    f"{', '.join(configs.STRATEGIES)}; got {name!r}")
 
 
-def describe_failure(error):
+def describe_failure(error, cluster=True):
   """One line for a tf.errors.OpError that ends training, mostly a peer of a
   multi-worker run that stopped: TF's text starts with "Graph execution
-  error:" and a stack, the cause and the peer are further down."""
+  error:" and a stack, the cause and the peer are further down. CLUSTER:
+  whether the run has workers to restart (its strategy is one of
+  CLUSTER_STRATEGIES); a run in one process is told what fits it (for
+  memory it ran out of: a smaller batch or network)."""
   text = str(error)
   cause = re.search(r"(?:aborted by|Cancelled|UNAVAILABLE): *([^\n]+)", text)
   peer = re.search(r"remote target /job:(\w+)/replica:\d+/task:(\d+)", text)
@@ -211,9 +275,15 @@ def describe_failure(error):
     # The middle goes: a path's end names the file, a message's end often
     # says what was wrong with it.
     what = f"{what[:90]} ... {what[-105:]}"
-  return (f"training stopped: {type(error).__name__}: {what}"
-          f"{where}; if a worker of the cluster stopped, run the same "
-          "command on every worker to resume from the latest checkpoint")
+  if cluster:
+    advice = ("if a worker of the cluster stopped, run the same command on "
+              "every worker to resume from the latest checkpoint")
+  elif isinstance(error, tf.errors.ResourceExhaustedError):
+    advice = ("the run needs more memory than this machine has: lower "
+              "--batch_size or --width (a new --model_dir for --width)")
+  else:
+    advice = "run the same command to resume from the latest checkpoint"
+  return f"training stopped: {type(error).__name__}: {what}{where}; {advice}"
 
 
 # -----------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
   """
   run = run_lib.read(model_dir, data_dir)  # A clear error if it is no run.
   evaluate_checkpoint = _checkpoint_evaluator(
-      run, dataset, batch_size, num_examples, write_summaries, emit)
+      run, dataset, batch_size, num_examples, write_summaries, emit, note)
   if not watch:
     evaluate_checkpoint(checkpoints.find_checkpoint(
         model_dir, checkpoint,
@@ -108,9 +108,12 @@ def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
 
 
 def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
-                          write_summaries, emit):
+                          write_summaries, emit, note=print):
   """A function (checkpoint path, already verified) -> its global step,
-  which evaluates the checkpoint and EMITs the result."""
+  which evaluates the checkpoint and EMITs the result, then records it in
+  the run (WRITE_SUMMARIES): a run it cannot write to (read-only, a full
+  disk) still gets its result, and NOTE one line saying it was not
+  recorded."""
   trained = run.dataset.name if run.dataset else run.config.dataset
   dataset = dataset or trained
   # The model's own dataset and preprocessing; on another dataset, its
@@ -132,10 +135,18 @@ def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
     scores = evaluate(model, dataset, info, preprocessing,
                       data_dir=run.data_dir, batch_size=batch_size,
                       num_examples=num_examples)
-    if write_summaries:
-      with metrics.MetricsWriter(run.model_dir) as writer:
-        writer.evaluation(step, scores, source=metrics.EVALUATE_SOURCE,
-                          dataset=dataset)
     emit({"global_step": step, "dataset": dataset, **scores})
+    if write_summaries:
+      try:
+        with metrics.MetricsWriter(run.model_dir) as writer:
+          writer.evaluation(step, scores, source=metrics.EVALUATE_SOURCE,
+                            dataset=dataset)
+      except (OSError, tf.errors.OpError) as e:
+        reason = (getattr(e, "strerror", None) or
+                  (str(e).splitlines() or [type(e).__name__])[0])
+        note(f"note: the result above is not recorded in --model_dir="
+             f"{run.model_dir} (metrics.jsonl, eval/): {reason}; make it "
+             "writable and evaluate again to record it, or pass "
+             "--nowrite_summaries")
     return step
   return evaluate_checkpoint

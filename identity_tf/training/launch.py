@@ -9,6 +9,7 @@ run reached and where its files are.
 
 import json
 import os
+import shlex
 import sys
 
 import tensorflow as tf
@@ -52,10 +53,16 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
   except ValueError as e:  # DatasetNotReadyError and NaN stops too.
     cli.exit_with(f"error: {e}", 1)
   except tf.errors.OpError as e:
-    cli.exit_with(f"error: {distribute.describe_failure(e)}", 1)
-  if distribute.is_chief():
+    cluster = config.strategy in distribute.CLUSTER_STRATEGIES
+    cli.exit_with(
+        f"error: {distribute.describe_failure(e, cluster=cluster)}", 1)
+  if distribute.is_chief(config.strategy):
     for line in summary(outcome, config, model_dir):
       result(line)
+  else:
+    task_type, task_id = distribute.cluster_task(config.strategy)
+    result(f"done: {task_type} {task_id} of the cluster stopped at step "
+           f"{outcome['step']}; the chief wrote the run to {model_dir}")
 
 
 def _dry_run(config, model_dir, data_dir, progress, result):
@@ -71,6 +78,12 @@ def _dry_run(config, model_dir, data_dir, progress, result):
     raise ValueError(f"--model_dir={model_dir} is a file, not a "
                      "directory; pick another --model_dir")
   config_file.check_resumable(model_dir, config)
+  distribute.check_tf_config(config.strategy, progress)
+  changed = config_file.changes(model_dir, config)
+  if changed:
+    progress(f"would change in {config_file.path(model_dir)}:")
+    for line in changed:
+      progress(line)
   progress(json.dumps(run.description(model_dir=model_dir), indent=2,
                       sort_keys=True))
   result(f"dry run: the configuration above is valid; nothing was "
@@ -96,6 +109,10 @@ def summary(outcome, config, model_dir):
   tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
   if not os.path.exists(tensorboard):
     tensorboard = "tensorboard"
+  # Commands to copy and paste: each word quoted as a shell needs it (a
+  # path with a space or a $ stays one word, and inert).
   return [text, f"checkpoints: {model_dir}",
-          f"TensorBoard: {tensorboard} --logdir {model_dir}",
-          f"evaluate:    {cli.command('evaluate', f'--model_dir={model_dir}')}"]
+          f"TensorBoard: {shlex.quote(tensorboard)} --logdir "
+          f"{shlex.quote(model_dir)}",
+          "evaluate:    " + cli.command(
+              "evaluate", shlex.quote(f"--model_dir={model_dir}"))]

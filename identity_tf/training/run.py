@@ -150,8 +150,16 @@ def from_description(description, model_dir, data_dir=None):
 
 
 def read(model_dir, data_dir=None):
-  """The `Run` recorded in MODEL_DIR's config.json (`config_file.read`)."""
-  return from_description(config_file.read(model_dir), model_dir, data_dir)
+  """The `Run` recorded in MODEL_DIR's config.json (`config_file.read`);
+  ValueError (one line naming the file) if its values do not make one."""
+  description = config_file.read(model_dir)
+  try:
+    return from_description(description, model_dir, data_dir)
+  except (KeyError, TypeError, AttributeError, ValueError) as e:
+    raise ValueError(
+        f"{config_file.path(model_dir)} does not describe a run this version "
+        f"reads ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        "); restore it from a copy, or use a new --model_dir") from None
 
 
 def _model_options(config, num_classes):

@@ -79,7 +79,7 @@ class Trainer:
         strategy, self.model, self.optimizer, run.config)
     # Every worker writes checkpoints (MultiWorkerMirroredStrategy wants all
     # of them to save), but only the chief's go to model_dir.
-    task_type, task_id = distribute.cluster_task()
+    task_type, task_id = distribute.cluster_task(run.config.strategy)
     self.checkpoint_dir = run.model_dir if chief else os.path.join(
         run.model_dir, f".{task_type}{task_id}_tmp")
     # The step of the last evaluation made before a checkpoint was written,
@@ -164,6 +164,8 @@ class Trainer:
     uninterrupted stream would.
     """
     self.iterator = self._make_iterator(0)
+    if path is not None:  # One line, nothing restored, if it does not fit.
+      checkpoints.check_network(self.model, path, self.run)
     if path is not None and not self._restore_with_iterator(path):
       self.iterator = self._make_iterator(checkpoints.checkpoint_step(path))
       tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).restore(
@@ -222,9 +224,10 @@ class Trainer:
     return checkpoints.save(self.manager, step, self.checkpoint_dir)
 
   def finish(self):
-    """A worker's own checkpoints (not the chief's) are scratch."""
+    """A worker's own checkpoints (not the chief's) are scratch once the
+    chief's of the same step is in model_dir (`discard_worker_copy`)."""
     if not self.chief:
-      tf.io.gfile.rmtree(self.checkpoint_dir)
+      checkpoints.discard_worker_copy(self.checkpoint_dir, self.run.model_dir)
 
   # -------------------------------------------------------------------------
   # Steps, evaluation and what a progress line reports.
@@ -375,7 +378,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
                 info=(tfds_data.dataset_info(config.dataset, data_dir)
                       if dataset_fn else None))
   trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
-  if not distribute.is_chief():
+  if not distribute.is_chief(config.strategy):
     return _train(Trainer(run, strategy, chief=False, **trainer_options),
                   echo, verbose)
   checkpoints.check_writable(model_dir)
@@ -401,7 +404,11 @@ def _train(trainer, echo, verbose):
     return {"step": step, "train_loss": None, "train_top1": None,
             "eval": None, "model_dir": run.model_dir, "trained": False}
   if trainer.chief:
-    config_file.record(run.model_dir, run.description(), step)
+    changed = config_file.record(run.model_dir, run.description(), step)
+    if changed:  # What this command changes in the stored configuration.
+      echo(f"changed in {config_file.path(run.model_dir)} from step {step}:")
+      for line in changed:
+        echo(line)
     # Shown once the run can start: an error before it is one line alone.
     # The whole of it is a hundred lines, config.json's.
     echo(f"configuration: {config_file.path(run.model_dir)}")

@@ -1,0 +1,1006 @@
+"""Issue 51: runs that cannot be lost or silently wrong. Each test makes one
+mistake a user (or an attacker) makes as a user would, with the binaries,
+and checks the exit status, the one line a person sees and the files before
+and after: a stray TF_CONFIG, a checkpoint of another network, stored
+settings a command changes, hostile archives, arrays and servers."""
+
+import fcntl
+import glob
+import gzip
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zipfile
+
+from absl.testing import absltest
+import numpy as np
+
+import testing
+
+# A tiny run: seconds per command on two cores.
+TINY = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
+        "--log_steps=10", "--steps_per_loop=10", "--checkpoint_steps=10",
+        "--num_eval_examples=100", "--keep_checkpoints=10"]
+
+
+def _env(tf_config=None):
+  """Our environment with TF_CONFIG set to TF_CONFIG (a str: as given; else
+  as JSON) or removed (None)."""
+  env = dict(os.environ)
+  env.pop("TF_CONFIG", None)
+  if tf_config is not None:
+    env["TF_CONFIG"] = (tf_config if isinstance(tf_config, str)
+                        else json.dumps(tf_config))
+  return env
+
+
+class _Zeros(io.RawIOBase):
+  """A readable stream of SIZE zero bytes, never all in memory."""
+
+  def __init__(self, size):
+    super().__init__()
+    self.left = size
+
+  def readable(self):
+    return True
+
+  def readinto(self, buffer):
+    n = min(len(buffer), self.left)
+    buffer[:n] = bytes(n)
+    self.left -= n
+    return n
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def _checkpoint_steps(directory):
+  """The steps of the ckpt-<step>.index files in DIRECTORY, read off the
+  names (not through the code under test)."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(m.group(1)) for m in (
+      re.fullmatch(r"ckpt-(\d+)\.index", name)
+      for name in os.listdir(directory)) if m)
+
+
+def _metrics_steps(model_dir):
+  """The steps of metrics.jsonl's training records."""
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return [r["step"] for r in records if "loss" in r and "eval" not in r]
+
+
+class TfConfigTest(testing.ProcessTestCase):
+  """Item 1: TF_CONFIG matters to the cluster strategies alone."""
+
+  # A worker that is not the chief of a cluster that does not exist.
+  LEFTOVER = {"cluster": {"worker": ["127.0.0.1:29001", "127.0.0.1:29002"]},
+              "task": {"type": "worker", "index": 1}}
+
+  def test_a_leftover_tf_config_is_ignored_by_one_process_strategies(self):
+    for strategy in ("default", "mirrored"):
+      model_dir = os.path.join(self.create_tempdir().full_path, "run")
+      first = testing.run_binary(
+          "train", *TINY, "--train_steps=20", f"--strategy={strategy}",
+          f"--model_dir={model_dir}", env=_env(self.LEFTOVER))
+      self.assertEqual(first.returncode, 0, first.stderr)
+      notes = [line for line in first.stderr.splitlines()
+               if "TF_CONFIG" in line]
+      self.assertLen(notes, 1, first.stderr)
+      self.assertStartsWith(notes[0], "note: TF_CONFIG is set but ignored: "
+                            f"--strategy={strategy} trains in this one "
+                            "process")
+      self.assertStartsWith(first.stdout, "done: step 20")
+      # The run is in model_dir, nowhere else, and nothing was deleted.
+      self.assertEqual(_checkpoint_steps(model_dir), [10, 20])
+      self.assertTrue(os.path.exists(os.path.join(model_dir, "config.json")))
+      self.assertEqual([n for n in os.listdir(model_dir) if "tmp" in n], [])
+      self.assertEqual(_metrics_steps(model_dir), [10, 20])
+      # Resumed the same way: from step 20 to 40, in model_dir.
+      second = testing.run_binary(
+          "train", *TINY, "--train_steps=40", f"--strategy={strategy}",
+          f"--model_dir={model_dir}", env=_env(self.LEFTOVER))
+      self.assertEqual(second.returncode, 0, second.stderr)
+      self.assertIn(f"resumed from {model_dir}/ckpt-20 at step 20",
+                    second.stderr)
+      self.assertStartsWith(second.stdout, "done: step 40")
+      self.assertEqual(_checkpoint_steps(model_dir), [10, 20, 30, 40])
+      self.assertEqual(_metrics_steps(model_dir), [10, 20, 30, 40])
+
+  def test_an_invalid_tf_config_is_named_and_changes_nothing(self):
+    model_dir = os.path.join(self.create_tempdir().full_path, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       f"--model_dir={model_dir}", env=_env(), check=True)
+    before = testing.snapshot(model_dir)
+    cases = [('{"cluster": {"worker": [', "default",
+              "error: TF_CONFIG is not valid JSON ("),
+             ("[1, 2]", "mirrored", "error: TF_CONFIG must be a JSON object, "
+              "got list;"),
+             ('{"cluster": [], "task": {}}', "multi_worker_mirrored",
+              "error: TF_CONFIG's \"cluster\" must be a JSON object, got "
+              "list;"),
+             ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": '
+              '"worker", "index": "one"}}', "multi_worker_mirrored",
+              "error: TF_CONFIG's task \"index\" must be a whole number >= 0,"
+              " got 'one';")]
+    for tf_config, strategy, line in cases:
+      with self.subTest(tf_config=tf_config, strategy=strategy):
+        result = testing.run_binary(
+            "train", *TINY, "--train_steps=20", f"--strategy={strategy}",
+            f"--model_dir={model_dir}", env=_env(tf_config))
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertStartsWith(testing.last_stderr_line(result), line)
+        self.assertIn("unset it", testing.last_stderr_line(result))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(testing.snapshot(model_dir), before)
+
+  def test_a_worker_whose_chief_copy_is_missing_keeps_its_own(self):
+    # Two workers of a real cluster, each given its own model_dir, as on two
+    # machines without a shared filesystem: worker 1's checkpoints are the
+    # only copy it can see, so it must not delete them and call it done.
+    root = self.create_tempdir().full_path
+    dirs = [os.path.join(root, f"worker{i}") for i in range(2)]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    workers = [self.start_binary(
+        "train", *TINY, "--train_steps=10", "--eval_at_end=false",
+        "--strategy=multi_worker_mirrored", f"--model_dir={dirs[i]}",
+        env=_env({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+               for i in range(2)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    self.assertEqual(workers[0].returncode, 0, outputs[0][1])
+    self.assertEqual(_checkpoint_steps(dirs[0]), [10])
+    self.assertEqual(workers[1].returncode, 1, outputs[1][1])
+    scratch = os.path.join(dirs[1], ".worker1_tmp")
+    last = [line for line in outputs[1][1].splitlines() if line.strip()][-1]
+    self.assertEqual(
+        last, f"error: the chief's checkpoint of step 10 is not in "
+        f"--model_dir={dirs[1]} (waited 30 s), so this worker kept its own "
+        f"copy in {scratch}: --model_dir must be a directory every worker of "
+        "the cluster sees (docs/training.md, Strategies)")
+    self.assertEqual(_checkpoint_steps(scratch), [10])
+    self.assertEqual(outputs[1][0], "")
+
+
+class ForeignCheckpointTest(testing.SharedRootTestCase):
+  """Item 2: a checkpoint of another network is refused in one line naming
+  both networks, whoever restores it, and nothing is written."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # Three tiny runs that differ in one network option each: skipinit adds
+    # a scalar per residual block, width changes every kernel's shape.
+    cls.runs = {name: os.path.join(cls.root, name) for name in
+                ("plain", "skipinit", "wide")}
+    testing.run_binaries("train", {
+        "plain": [*TINY, "--train_steps=10",
+                  f"--model_dir={cls.runs['plain']}"],
+        "skipinit": [*TINY, "--train_steps=10", "--residual=skipinit",
+                     f"--model_dir={cls.runs['skipinit']}"],
+        "wide": [*TINY[:1], "--width=0.125", *TINY[2:], "--train_steps=10",
+                 f"--model_dir={cls.runs['wide']}"]}, workers=2)
+    for name, model_dir in cls.runs.items():
+      assert _checkpoint_steps(model_dir) == [10], (name, model_dir)
+
+  def _refused(self, result, run, checkpoint_run, theirs, ours):
+    """RESULT refused CHECKPOINT_RUN's checkpoint for RUN in one line that
+    names the option where they differ, with both values."""
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("could not be found", result.stderr)  # TF's warnings.
+    line = testing.last_stderr_line(result)
+    checkpoint = os.path.join(self.runs[checkpoint_run], "ckpt-10")
+    self.assertStartsWith(
+        line, f"error: checkpoint {checkpoint} holds another network than the "
+        f"cifar10 network of --model_dir={self.runs[run]}'s config.json: ")
+    self.assertIn(f"its run's {self.runs[checkpoint_run]}/config.json "
+                  f"describes {theirs} where this run has {ours}; nothing "
+                  "was restored", line)
+
+  def test_evaluate_and_export_refuse_another_network(self):
+    cases = [("skipinit", "plain", "residual='plain'", "residual='skipinit'",
+              "3 of the network's"),
+             ("plain", "skipinit", "residual='skipinit'", "residual='plain'",
+              "3 of its variables are not in the network"),
+             ("plain", "wide", "width=0.125", "width=0.0625",
+              "differ in shape")]
+    before = {name: testing.snapshot(d) for name, d in self.runs.items()}
+    for run, other, theirs, ours, problem in cases:
+      checkpoint = os.path.join(self.runs[other], "ckpt-10")
+      export_dir = os.path.join(self.root, f"export-{run}-{other}")
+      results = testing.run_binaries("evaluate", {
+          "evaluate": [f"--model_dir={self.runs[run]}",
+                       f"--checkpoint={checkpoint}"]}, workers=1)
+      results["export"] = testing.run_binary(
+          "export", f"--model_dir={self.runs[run]}",
+          f"--checkpoint={checkpoint}", f"--export_dir={export_dir}")
+      for binary, result in results.items():
+        with self.subTest(binary=binary, run=run, checkpoint=other):
+          self._refused(result, run, other, theirs, ours)
+          self.assertIn(problem, testing.last_stderr_line(result))
+          self.assertEqual(result.stdout, "")
+      self.assertEqual(testing.snapshot(export_dir), {})
+      self.assertEqual({n: testing.snapshot(d) for n, d in self.runs.items()},
+                       before)
+    # A checkpoint of its own network still evaluates.
+    own = testing.run_binary("evaluate", f"--model_dir={self.runs['plain']}",
+                             "--write_summaries=false", check=True)
+    self.assertEqual(json.loads(own.stdout)["global_step"], 10)
+
+  def test_training_refuses_to_resume_another_network(self):
+    # skipinit's checkpoint put in place of plain's own (a copy gone wrong).
+    model_dir = os.path.join(self.root, "mixed")
+    shutil.copytree(self.runs["plain"], model_dir)
+    for name in os.listdir(model_dir):
+      if name.startswith("ckpt-10."):
+        shutil.copy(os.path.join(self.runs["skipinit"], name),
+                    os.path.join(model_dir, name))
+    before = testing.snapshot(model_dir)
+    result = testing.run_binary("train", *TINY, "--train_steps=20",
+                                f"--model_dir={model_dir}")
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertStartsWith(
+        testing.last_stderr_line(result),
+        f"error: checkpoint {model_dir}/ckpt-10 holds another network than "
+        f"the cifar10 network of --model_dir={model_dir}'s config.json: 3 of "
+        "its variables are not in the network (e.g. ")
+    self.assertIn("although " + os.path.join(model_dir, "config.json") +
+                  " describes the same network",
+                  testing.last_stderr_line(result))
+    # Nothing trained, nothing written (the checkpoint state file may be
+    # rewritten to list the same checkpoint; the lock names its holder).
+    after = testing.snapshot(model_dir)
+    for files in (before, after):
+      files.pop("checkpoint", None)
+      files.pop(".train.lock", None)
+    self.assertEqual(after, before)
+
+
+def _show(value):
+  return value if isinstance(value, str) else json.dumps(value)
+
+
+class StoredSettingsTest(testing.SharedRootTestCase):
+  """Item 3: a command that changes stored settings says which, one line
+  each, "name: from \u2192 to"."""
+
+  def test_every_stored_setting_a_preset_changes_is_printed(self):
+    model_dir = os.path.join(self.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--learning_rate=0.002", "--checkpoint_steps=5",
+                       f"--model_dir={model_dir}", check=True)
+    config_path = os.path.join(model_dir, "config.json")
+    with open(config_path) as f:
+      stored = json.load(f)["config"]
+    # A dry run shows what the command would change, and writes nothing.
+    before = testing.snapshot(model_dir)
+    dry = testing.run_binary("train", *TINY, "--train_steps=20",
+                             f"--model_dir={model_dir}", "--dry_run",
+                             check=True)
+    self.assertEqual(testing.snapshot(model_dir), before)
+    self.assertIn(f"would change in {config_path}:\n", dry.stderr)
+    # The preset's values replace the stored ones: the command trains.
+    result = testing.run_binary("train", *TINY, "--train_steps=20",
+                                f"--model_dir={model_dir}", check=True)
+    with open(config_path) as f:
+      applied = json.load(f)["config"]
+    # The lines expected, from the files before and after.
+    expected = [f"{name}: {_show(stored[name])} \u2192 {_show(value)}"
+                for name, value in applied.items() if stored[name] != value]
+    self.assertCountEqual(expected, [
+        "train_steps: 10 \u2192 20", "learning_rate: 0.002 \u2192 0.01",
+        "checkpoint_steps: 5 \u2192 10"])
+    for output in (dry.stderr, result.stderr):
+      lines = output.splitlines()
+      self.assertCountEqual([line for line in lines if "\u2192" in line],
+                            expected)
+    self.assertIn(f"changed in {config_path} from step 10:", result.stderr)
+    self.assertStartsWith(result.stdout, "done: step 20")
+    # A command that changes nothing says nothing of changes.
+    again = testing.run_binary("train", *TINY, "--train_steps=20",
+                               f"--model_dir={model_dir}", "--dry_run",
+                               check=True)
+    self.assertNotIn("\u2192", again.stderr)
+    self.assertNotIn("would change", again.stderr)
+
+
+class HostileArchiveTest(testing.SharedRootTestCase):
+  """Item 4: an archive that extracts to more than the dataset can hold is
+  refused as it is extracted, streamed, and nothing is left behind."""
+
+  def _prepare(self, dataset, source_dir):
+    data_dir = os.path.join(self.root, f"data-{dataset}")
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "notes.txt"), "w") as f:
+      f.write("what the user keeps here\n")
+    before = testing.snapshot(data_dir)
+    result = testing.run_binary("prepare_data", f"--dataset={dataset}",
+                                f"--data_dir={data_dir}",
+                                f"--source_dir={source_dir}")
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("is ready", result.stdout)
+    # The data_dir is as it was: no dataset, no download, no scratch.
+    self.assertEqual(testing.snapshot(data_dir), before)
+    return testing.last_stderr_line(result)
+
+  def test_a_tar_bomb_is_refused_at_a_hundred_times_its_size(self):
+    # cifar-10-binary.tar.gz whose first batch is 64 MiB of zeros: a 64 kB
+    # archive, a thousandfold expansion.
+    source = os.path.join(self.root, "bomb")
+    os.makedirs(source)
+    archive = os.path.join(source, "cifar-10-binary.tar.gz")
+    member = "cifar-10-batches-bin/data_batch_1.bin"
+    with tarfile.open(archive, "w:gz") as tar:
+      info = tarfile.TarInfo(member)
+      info.size = 64 << 20
+      tar.addfile(info, _Zeros(info.size))
+    size = os.path.getsize(archive)
+    self.assertLess(size, (64 << 20) // 100)
+    self.assertEqual(
+        self._prepare("cifar10", source),
+        f"error: {archive} extracts to more than {100 * size} bytes (100 "
+        f"times the archive's {size} bytes; {member} passes it): not the "
+        "dataset's file (a decompression bomb?); replace it with the "
+        "publisher's file and run this again; nothing was kept from this "
+        "attempt")
+    # The same data_dir takes a real archive of the same layout, extracted
+    # in full: two random records per batch file.
+    good = os.path.join(self.root, "good")
+    os.makedirs(good)
+    records = {}
+    rng = np.random.default_rng(0)
+    with tarfile.open(os.path.join(good, "cifar-10-binary.tar.gz"),
+                      "w:gz") as tar:
+      files = {"batches.meta.txt": "".join(f"c{i}\n" for i in range(10))
+                                   .encode()}
+      for batch in [f"data_batch_{i}.bin" for i in range(1, 6)] + [
+          "test_batch.bin"]:
+        files[batch] = records[batch] = rng.integers(
+            0, 256, (2, 3073)).astype(np.uint8)
+        files[batch][:, 0] %= 10
+        files[batch] = files[batch].tobytes()
+      for name, data in files.items():
+        info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    data_dir = os.path.join(self.root, "data-cifar10")
+    result = testing.run_binary("prepare_data", "--dataset=cifar10",
+                                f"--data_dir={data_dir}",
+                                f"--source_dir={good}")
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    self.assertStartsWith(result.stdout.splitlines()[-1],
+                          "cifar10 is ready in ")
+    with open(next(os.path.join(root, "dataset_info.json") for root, _, names
+                   in os.walk(os.path.join(data_dir, "cifar10"))
+                   if "dataset_info.json" in names)) as f:
+      splits = json.load(f)["splits"]
+    self.assertEqual({s["name"]: sum(map(int, s["shardLengths"]))
+                      for s in splits}, {"train": 10, "test": 2})
+    self.assertEqual(os.listdir(os.path.join(data_dir, "downloads")), [])
+
+  def test_a_file_larger_than_the_dataset_holds_is_refused(self):
+    # Fashion-MNIST whose test labels file holds 400,000 labels (the real
+    # one 10,000): random digits compress only about 2:1, but the file is
+    # far beyond 16 times the size TFDS registers for it.
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    registered = {os.path.basename(url): int(info.size) for url, info in
+                  tfds.builder("fashion_mnist", data_dir=self.root
+                               ).url_infos.items()}
+    source = os.path.join(self.root, "large")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      {"train": 20, "test": 10})
+    name = testing.FASHION_FILES["test"][1]
+    count = 400_000
+    with gzip.open(os.path.join(source, name), "wb") as f:
+      f.write(np.array([2049, count], ">u4").tobytes() + np.random.default_rng(
+          1).integers(0, 10, count).astype(np.uint8).tobytes())
+    limit = 16 * registered[name]
+    self.assertLess(limit, count)
+    path = os.path.join(source, name)
+    self.assertLess(100 * os.path.getsize(path), count * 1000)
+    self.assertEqual(
+        self._prepare("fashion_mnist", source),
+        f"error: {path} extracts to more than {limit} bytes (16 times the "
+        f"{registered[name]} bytes TFDS registers for it; its content passes "
+        "it): not the dataset's file (a decompression bomb?); replace it "
+        "with the publisher's file and run this again; nothing was kept "
+        "from this attempt")
+
+
+class _HostileServer:
+  """A server on loopback that reads a request and answers as MODE says:
+  "drip" -- a valid HTTP answer, one byte every 0.2 s; "huge" -- announces
+  3 GB and sends zeros as fast as it can; "endless" -- no length, zeros
+  until the client hangs up. Records when each connection ends and the
+  bytes it sent."""
+
+  def __init__(self, mode):
+    self.mode = mode
+    self.listener = socket.create_server(("127.0.0.1", 0))
+    self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+    self.sent = []
+    self.ended = []
+    self.thread = threading.Thread(target=self._serve, daemon=True)
+    self.thread.start()
+
+  def _serve(self):
+    connection, _ = self.listener.accept()
+    sent = 0
+    with connection:
+      connection.settimeout(5)
+      request = b""
+      while b"\r\n\r\n" not in request:
+        request += connection.recv(65536)
+      head, body = request.split(b"\r\n\r\n", 1)
+      length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+      while len(body) < length:
+        body += connection.recv(65536)
+      try:
+        if isinstance(self.mode, bytes):  # A complete answer, as given.
+          connection.sendall(
+              b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" %
+              len(self.mode) + self.mode)
+          sent = len(self.mode)
+        elif self.mode == "drip":
+          answer = (b"HTTP/1.0 200 OK\r\nContent-Length: 60\r\n\r\n" +
+                    b'{"predictions": [{"probabilities": [1.0], "classes": 0}]}'
+                    .ljust(60))
+          for byte in answer:
+            connection.sendall(bytes([byte]))
+            sent += 1
+            time.sleep(0.2)
+        else:
+          connection.sendall(
+              b"HTTP/1.0 200 OK\r\n" + (b"Content-Length: 3000000000\r\n"
+                                        if self.mode == "huge" else b"") +
+              b"\r\n")
+          chunk = bytes(1 << 16)
+          while sent < 3_000_000_000:
+            connection.sendall(chunk)
+            sent += len(chunk)
+      except OSError:  # The client hung up.
+        pass
+    self.sent.append(sent)
+    self.ended.append(time.monotonic())
+
+  def close(self):
+    self.listener.close()
+
+
+class ServeClientLimitsTest(absltest.TestCase):
+  """Item 5: one deadline for the whole request, a cap on the answer."""
+
+  def setUp(self):
+    super().setUp()
+    self.png = os.path.join(self.create_tempdir().full_path, "img.png")
+    with open(self.png, "wb") as f:  # Only its signature is looked at.
+      f.write(b"\x89PNG\r\n\x1a\n" + bytes(100))
+
+  def _ask(self, mode, *flags):
+    server = _HostileServer(mode)
+    self.addCleanup(server.close)
+    started = time.monotonic()
+    result = testing.run_binary("serve_client", f"--server={server.address}",
+                                "--model_name=m", *flags, self.png,
+                                timeout=120)
+    server.thread.join(timeout=60)
+    return server, result, started
+
+  def test_a_server_that_drips_is_stopped_at_the_deadline(self):
+    server, result, _ = self._ask("drip", "--timeout=3")
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertEqual(
+        testing.last_stderr_line(result),
+        f"error: no complete answer from {server.address} within 3 s "
+        "(--timeout bounds the whole request); is the server overloaded? "
+        "(raise --timeout)")
+    self.assertEqual(result.stdout, "")
+    # The answer takes 12 s; the connection ended at the deadline (3 s of
+    # 0.2 s bytes: about 15 of its 75 bytes).
+    self.assertLess(server.sent[0], 30)
+
+  def test_an_answer_beyond_the_cap_is_not_read(self):
+    limit = 1 << 20  # The cap for one image: 1 MiB.
+    for mode, what in (("huge", "it announces 3000000000"),
+                       ("endless", "it kept coming")):
+      with self.subTest(mode=mode):
+        server, result, _ = self._ask(mode, "--timeout=60")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(
+            testing.last_stderr_line(result),
+            f"error: {server.address}'s answer is larger than {limit} bytes "
+            f"({what}), far more than the probabilities of the images sent; "
+            "is --server TF Serving serving an identity_tf export?")
+        # The client hung up long before the 3 GB (socket buffers aside).
+        self.assertLess(server.sent[0], 64 * limit)
+
+
+class AnswersThatAreNotAnswersTest(absltest.TestCase):
+  """Item 13: serve_client does not print an empty or non-finite answer as
+  if it were one."""
+
+  def test_empty_and_non_finite_probabilities_are_refused(self):
+    png = os.path.join(self.create_tempdir().full_path, "img.png")
+    with open(png, "wb") as f:
+      f.write(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    cases = {
+        "empty": (b'{"predictions": [{"probabilities": [], "classes": 0}]}',
+                  "answered no class probabilities for {png}; is the served "
+                  "model an identity_tf export?"),
+        "nan": (b'{"predictions": [{"probabilities": [NaN, 0.5], '
+                b'"classes": 1}]}',
+                "answered NaN or infinite probabilities for {png}: the "
+                "served model's weights are not finite (a diverged run?); "
+                "export a finite checkpoint"),
+        "huge": (b'{"predictions": [{"probabilities": [1e30, 0.5], '
+                 b'"classes": 0}]}',
+                 "answered values for {png} that are not probabilities "
+                 "(they sum to 1e+30); is the served model an identity_tf "
+                 "export?"),
+    }
+    for name, (answer, line) in cases.items():
+      with self.subTest(name):
+        server = _HostileServer(answer)
+        self.addCleanup(server.close)
+        result = testing.run_binary("serve_client",
+                                    f"--server={server.address}",
+                                    "--model_name=m", png)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(testing.last_stderr_line(result),
+                         f"error: {server.address} " + line.format(png=png))
+    # A distribution is printed.
+    server = _HostileServer(
+        b'{"predictions": [{"probabilities": [0.25, 0.75], "classes": 1}]}')
+    self.addCleanup(server.close)
+    result = testing.run_binary("serve_client", f"--server={server.address}",
+                                "--model_name=m", png, check=True)
+    self.assertEqual(result.stdout, f"{png}: 1 0.7500, 0 0.2500\n")
+
+
+class FollowUpCommandsTest(testing.SharedRootTestCase):
+  """Item 13: the commands a binary prints to copy and paste are quoted."""
+
+  def test_paths_with_spaces_and_dollars_are_quoted(self):
+    model_dir = os.path.join(self.root, "a run $(touch pwned)")
+    result = testing.run_binary("train", *TINY, "--train_steps=10",
+                                "--eval_at_end=false",
+                                f"--model_dir={model_dir}", check=True)
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines()
+                 if line.startswith(("TensorBoard:", "evaluate:")))
+    for name, line in lines.items():
+      words = shlex.split(line)
+      with self.subTest(name):
+        # The shell reads the path back as one word, unexpanded.
+        self.assertTrue(model_dir in words or
+                        f"--model_dir={model_dir}" in words, words)
+    self.assertLen(lines, 2)
+    export_dir = os.path.join(self.root, "exports; rm -rf x")
+    export = testing.run_binary("export", f"--model_dir={model_dir}",
+                                f"--export_dir={export_dir}", check=True)
+    serve = [line for line in export.stdout.splitlines()
+             if line.startswith("serve:")]
+    self.assertLen(serve, 1)
+    self.assertIn(f"--model_base_path={export_dir}",
+                  shlex.split(serve[0].split(":", 1)[1]))
+    self.assertFalse(os.path.exists(os.path.join(os.getcwd(), "pwned")))
+
+
+class ExportEdgesTest(testing.SharedRootTestCase):
+  """Items 8 and 12: an export that cannot be written is one line and
+  leaves nothing; version directories are what TF Serving loads."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.model_dir = os.path.join(cls.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--eval_at_end=false", f"--model_dir={cls.model_dir}",
+                       check=True)
+
+  def _export(self, export_dir, *flags):
+    return testing.run_binary("export", f"--model_dir={self.model_dir}",
+                              f"--export_dir={export_dir}", *flags)
+
+  def test_an_export_that_cannot_be_written_is_one_line(self):
+    blocker = os.path.join(self.root, "a_file")
+    with open(blocker, "w") as f:
+      f.write("not a directory\n")
+    too_long = os.path.join(self.root, "x" * 300)
+    cases = {
+        "under a file": (os.path.join(blocker, "exports"),
+                         "NotADirectoryError: Not a directory"),
+        "name too long": (too_long, "OSError: File name too long"),
+    }
+    if os.geteuid() != 0:
+      read_only = os.path.join(self.root, "read_only")
+      os.makedirs(read_only, mode=0o555)
+      cases["read-only"] = (read_only, "PermissionError: Permission denied")
+    before = testing.snapshot(self.root)
+    for name, (export_dir, reason) in cases.items():
+      with self.subTest(name):
+        result = self._export(export_dir)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(
+            testing.last_stderr_line(result),
+            f"error: cannot write version 1 into --export_dir={export_dir} "
+            f"({reason}); free space, fix the directory or its permissions, "
+            "or pick another --export_dir; nothing was exported")
+        self.assertEqual(result.stdout, "")
+    self.assertEqual(testing.snapshot(self.root), before)
+
+  def test_version_names_are_what_tf_serving_loads(self):
+    export_dir = os.path.join(self.root, "exports")
+    os.makedirs(os.path.join(export_dir, "\u00b2"))  # A digit, no number.
+    os.makedirs(os.path.join(export_dir, str(2**63)))  # Beyond int64.
+    with open(os.path.join(export_dir, "1"), "w") as f:  # A file, not a dir.
+      f.write("notes\n")
+    # The next version is past every name TF Serving reads as a number.
+    for expected in (2, 3):
+      result = self._export(export_dir)
+      self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+      self.assertStartsWith(
+          result.stdout, f"exported step 10 of {self.model_dir} as version "
+          f"{expected}: {os.path.join(export_dir, str(expected))}")
+    self.assertEqual(sorted(os.listdir(export_dir)),
+                     sorted(["\u00b2", str(2**63), "1", "2", "3"]))
+    with open(os.path.join(export_dir, "1")) as f:
+      self.assertEqual(f.read(), "notes\n")
+    before = testing.snapshot(export_dir)
+    for flag, line in (
+        ("--version=1", f"error: {os.path.join(export_dir, '1')} is a file, "
+         "not a version directory; remove it, or pass another --version (the "
+         "next free is 4)"),
+        (f"--version={2**63}", f"error: --version must be between 1 and "
+         f"{2**63 - 1} (TF Serving reads it as int64), got {2**63}")):
+      with self.subTest(flag):
+        result = self._export(export_dir, flag)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(testing.last_stderr_line(result), line)
+        self.assertEqual(testing.snapshot(export_dir), before)
+
+
+def _prepare_fashion_command(counts, *args):
+  """bin/prepare_data.py with ARGS, TFDS's Fashion-MNIST builder reading
+  COUNTS records (the real one reads 60,000 + 10,000)."""
+  binary = testing.binary_command("prepare_data")[1]
+  code = ("import runpy, sys\n"
+          "from tensorflow_datasets.image_classification import mnist\n"
+          f"mnist._TRAIN_EXAMPLES = {counts['train']}\n"
+          f"mnist._TEST_EXAMPLES = {counts['test']}\n"
+          f"sys.argv[0] = {binary!r}\n"
+          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+  return [sys.executable, "-c", code, *args]
+
+
+class PrepareInterruptedTest(testing.ProcessTestCase):
+  """Item 11: prepare_data stopped by SIGTERM or Ctrl-C removes what it
+  wrote; a re-run removes what a killed one left; two at once are told."""
+
+  def setUp(self):
+    super().setUp()
+    self.root = self.create_tempdir().full_path
+    self.data_dir = os.path.join(self.root, "data")
+    os.makedirs(self.data_dir)
+    with open(os.path.join(self.data_dir, "notes.txt"), "w") as f:
+      f.write("what the user keeps here\n")
+
+  def _start(self, counts, source):
+    process = subprocess.Popen(
+        _prepare_fashion_command(counts, "--dataset=fashion_mnist",
+                                 f"--data_dir={self.data_dir}",
+                                 f"--source_dir={source}"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=testing.binary_env())
+    self._processes.append(process)
+    return process
+
+  def test_a_signal_mid_way_removes_what_the_attempt_wrote(self):
+    counts = {"train": 30000, "test": 100}  # Seconds of TFDS's encoding.
+    source = os.path.join(self.root, "files")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      counts)
+    before = testing.snapshot(self.data_dir)
+    for signum, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+      with self.subTest(signal.Signals(signum).name):
+        process = self._start(counts, source)
+        # Mid-way: once TFDS writes the dataset (the files are extracted).
+        deadline = time.monotonic() + 300
+        while not glob.glob(os.path.join(self.data_dir, "fashion_mnist",
+                                         "incomplete.*")):
+          self.assertLess(time.monotonic(), deadline)
+          if process.poll() is not None:
+            self.fail(f"finished before the signal: {process.communicate()}")
+          time.sleep(0.05)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=300)
+        self.assertEqual(process.returncode, status, err[-2000:])
+        self.assertNotIn("Traceback", err)
+        lines = [line for line in err.splitlines() if line.strip()]
+        self.assertEqual(
+            lines[-1], f"error: stopped by {signal.Signals(signum).name}; "
+            "what this attempt wrote was removed: run the same command to "
+            "start again")
+        self.assertNotIn("is ready", out)
+        self.assertEqual(testing.snapshot(self.data_dir), before)
+
+  def test_a_rerun_removes_what_a_killed_run_left(self):
+    counts = {"train": 20, "test": 10}
+    source = os.path.join(self.root, "files")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      counts)
+    # What SIGKILL leaves: a scratch directory with extracted files, and
+    # TFDS's incomplete directory of the dataset.
+    scratch = os.path.join(self.data_dir, "downloads", ".local-killed")
+    os.makedirs(os.path.join(scratch, "extracted"))
+    with open(os.path.join(scratch, "extracted", "part"), "wb") as f:
+      f.write(bytes(1000))
+    incomplete = os.path.join(self.data_dir, "fashion_mnist",
+                              "incomplete.0123abcd_3.0.1")
+    os.makedirs(incomplete)
+    process = self._start(counts, source)
+    out, err = process.communicate(timeout=300)
+    self.assertEqual(process.returncode, 0, err[-2000:])
+    for leftover in (incomplete, scratch):
+      self.assertIn(f"removed {leftover}, left by a preparation that was "
+                    "stopped", out.splitlines())
+      self.assertFalse(os.path.exists(leftover))
+    self.assertStartsWith(out.splitlines()[-1], "fashion_mnist is ready in ")
+    self.assertEqual(os.listdir(os.path.join(self.data_dir, "downloads")), [])
+    self.assertEqual([n for n in os.listdir(os.path.join(
+        self.data_dir, "fashion_mnist")) if "incomplete" in n], [])
+
+  def test_a_second_preparation_at_once_is_told_to_wait(self):
+    counts = {"train": 20, "test": 10}
+    source = os.path.join(self.root, "files")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      counts)
+    before = testing.snapshot(self.data_dir)
+    # The first preparation, as this process holds the directory.
+    descriptor = os.open(self.data_dir, os.O_RDONLY)
+    self.addCleanup(os.close, descriptor)
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    process = self._start(counts, source)
+    out, err = process.communicate(timeout=300)
+    self.assertEqual(process.returncode, 1, err[-2000:])
+    self.assertEqual(
+        [line for line in err.splitlines() if line.strip()][-1],
+        f"error: another prepare_data is preparing a dataset in --data_dir="
+        f"{self.data_dir}; wait for it to finish, then run this again (a "
+        "dataset it prepared is then left as it is)")
+    self.assertEqual(testing.snapshot(self.data_dir), before)
+
+
+def _write_npy_header(path, shape, data=bytes(20)):
+  """A .npy file of float32 SHAPE per its header, followed by DATA only."""
+  header = np.lib.format.header_data_from_array_1_0(np.zeros(1, "<f4"))
+  header["shape"] = tuple(shape)
+  with open(path, "wb") as f:
+    np.lib.format.write_array_header_1_0(f, header)
+    f.write(data)
+
+
+class ArrayHeaderTest(testing.SharedRootTestCase):
+  """Item 6: an array whose header claims more than the machine holds, or
+  than its file holds, is refused before numpy allocates it, by every
+  binary that reads .npy/.npz files."""
+
+  def test_every_reader_refuses_a_lying_header_in_one_line(self):
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    huge = os.path.join(self.root, "huge.npy")  # 12 TiB in 148 bytes.
+    _write_npy_header(huge, (1 << 20, 1 << 20, 3))
+    self.assertLess(os.path.getsize(huge), 200)
+    self.assertGreater(12 << 40, memory)
+    short = os.path.join(self.root, "short.npy")  # 1.2 MB claimed, 20 held.
+    _write_npy_header(short, (100, 32, 32, 3))
+    archive = os.path.join(self.root, "huge.npz")
+    with zipfile.ZipFile(archive, "w") as z:
+      z.write(huge, "x.npy")
+      labels = io.BytesIO()
+      np.save(labels, np.zeros(4, np.int64))
+      z.writestr("y.npy", labels.getvalue())
+    huge_claim = (f"claims a float32 array of shape [1048576, 1048576, 3] "
+                  f"({(1 << 40) * 12} bytes), more than this machine's "
+                  f"{memory} bytes of memory; pass a smaller array")
+    short_claim = ("claims a float32 array of shape [100, 32, 32, 3] "
+                   "(1228800 bytes) but holds 20 bytes of data: it is cut "
+                   "short or not what it says; save it again with numpy")
+    closed = f"127.0.0.1:{_free_ports(1)[0]}"
+    out = os.path.join(self.root, "out")
+    cases = {
+        "serve_client huge": (
+            "serve_client", [f"--server={closed}", "--model_name=m", huge],
+            f"error: {huge} {huge_claim}"),
+        "serve_client short": (
+            "serve_client", [f"--server={closed}", "--model_name=m", short],
+            f"error: {short} {short_claim}"),
+        "linear_theory": (
+            "linear_theory", ["factorize", f"--R={huge}", "--layers=2",
+                              f"--output={out}.npz"],
+            f"error: --R={huge} {huge_claim}"),
+        "construct": (
+            "construct", [f"--data={archive}", f"--output_dir={out}"],
+            f"error: --data={archive}['x'] {huge_claim}"),
+    }
+    results = {key: testing.run_binary(binary, *args)
+               for key, (binary, args, _) in cases.items()}
+    for key, (_, _, line) in cases.items():
+      with self.subTest(key):
+        result = results[key]
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertNotIn("MemoryError", result.stderr)
+        self.assertEqual(testing.last_stderr_line(result), line)
+        self.assertEqual(result.stdout, "")
+    self.assertFalse(os.path.exists(out))
+    self.assertFalse(os.path.exists(out + ".npz"))
+
+
+class UnwritableRunTest(testing.SharedRootTestCase):
+  """Item 7: evaluate on a run it cannot write to prints its result and
+  says in one line that it was not recorded."""
+
+  def test_evaluate_prints_what_it_cannot_record(self):
+    model_dir = os.path.join(self.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--eval_at_end=false", f"--model_dir={model_dir}",
+                       check=True)
+    # Where metrics.jsonl and eval/ go, a directory and a file: unwritable
+    # for any user, root included (for whom permissions are no obstacle).
+    os.remove(os.path.join(model_dir, "metrics.jsonl"))
+    os.makedirs(os.path.join(model_dir, "metrics.jsonl"))
+    with open(os.path.join(model_dir, "eval"), "w") as f:
+      f.write("not a directory\n")
+    variants = [("blocked", None)]
+    if os.geteuid() != 0:
+      variants.append(("read-only", 0o555))
+    for name, mode in variants:
+      with self.subTest(name):
+        if mode is not None:
+          shutil.rmtree(os.path.join(model_dir, "metrics.jsonl"))
+          os.remove(os.path.join(model_dir, "eval"))
+          os.chmod(model_dir, mode)
+          self.addCleanup(os.chmod, model_dir, 0o755)
+        before = testing.snapshot(model_dir)
+        result = testing.run_binary("evaluate", f"--model_dir={model_dir}",
+                                    "--num_examples=100")
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        scores = json.loads(result.stdout)
+        self.assertEqual(scores["global_step"],
+                         _checkpoint_steps(model_dir)[-1])
+        self.assertEqual(scores["examples"], 100)
+        self.assertStartsWith(
+            testing.last_stderr_line(result),
+            f"note: the result above is not recorded in --model_dir="
+            f"{model_dir} (metrics.jsonl, eval/): ")
+        self.assertTrue(testing.last_stderr_line(result).endswith(
+            "; make it writable and evaluate again to record it, or pass "
+            "--nowrite_summaries"))
+        self.assertEqual(testing.snapshot(model_dir), before)
+
+
+class MalformedFilesTest(testing.SharedRootTestCase):
+  """Item 9: a config.json or model_info.json of the wrong shape is one line
+  naming the file, and nothing changes."""
+
+  def test_a_malformed_config_json_is_named(self):
+    model_dir = os.path.join(self.root, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--eval_at_end=false", f"--model_dir={model_dir}",
+                       check=True)
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+      good = json.load(f)
+    not_a_run = f"error: {path} is not the description of a training run ("
+    variants = {
+        "config null": (dict(good, config=None),
+                        not_a_run + '"config" is null, not an object)'),
+        "config list": (dict(good, config=[1, 2]),
+                        not_a_run + '"config" is a list, not an object)'),
+        "model without options": (
+            dict(good, model={"name": "cifar10"}),
+            not_a_run + '"model" lacks its "name" and "options")'),
+        "history not a list": (
+            dict(good, history={"step": 3}),
+            f'error: {path} has a malformed "history" (a list of '),
+        "history entry without step": (
+            dict(good, history=[{"changed": {"learning_rate": [1, 2]}}]),
+            f'error: {path} has a malformed "history" (a list of '),
+        "units not numbers": (
+            dict(good, config=dict(good["config"], units=["x"])),
+            f"error: {path} does not describe a run this version reads ("),
+    }
+    for name, (description, line) in variants.items():
+      with open(path, "w") as f:
+        json.dump(description, f)
+      before = testing.snapshot(model_dir)
+      commands = {"evaluate": ("evaluate", [f"--model_dir={model_dir}"]),
+                  "export": ("export", [f"--model_dir={model_dir}",
+                                        f"--export_dir={self.root}/e"])}
+      if name != "units not numbers":  # train reads the config alone.
+        commands["train"] = ("train", [f"--model_dir={model_dir}",
+                                       "--train_steps=20"])
+      for command, (binary, args) in commands.items():
+        with self.subTest(variant=name, command=command):
+          result = testing.run_binary(binary, *args)
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertNotIn("Traceback", result.stderr)
+          self.assertStartsWith(testing.last_stderr_line(result), line)
+          self.assertEqual(result.stdout, "")
+          self.assertEqual(testing.snapshot(model_dir), before)
+    self.assertFalse(os.path.exists(f"{self.root}/e"))
+
+  def test_a_model_info_that_is_not_an_object_is_named(self):
+    png = os.path.join(self.root, "img.png")
+    with open(png, "wb") as f:
+      f.write(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    closed = f"127.0.0.1:{_free_ports(1)[0]}"
+    for name, content in (("list", [1, 2]), ("names", {"classes": {
+        "names": 3}})):
+      info = os.path.join(self.root, f"{name}.json")
+      with open(info, "w") as f:
+        json.dump(content, f)
+      with self.subTest(name):
+        result = testing.run_binary(
+            "serve_client", f"--server={closed}", "--model_name=m",
+            f"--model_info={info}", png)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(
+            testing.last_stderr_line(result),
+            f"error: --model_info={info} is not an export's model_info.json "
+            '(an object whose "classes" has a list of "names"); pass the '
+            "model_info.json of the served version, or omit --model_info")
+
+
+class FailureAdviceTest(absltest.TestCase):
+  """Item 10: a run in one process that runs out of memory is not told to
+  restart the workers of a cluster."""
+
+  def test_out_of_memory_advice_fits_the_strategy(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from identity_tf.training import distribute  # pylint: disable=g-import-not-at-top
+    error = tf.errors.ResourceExhaustedError(
+        None, None, "OOM when allocating tensor with shape[4096,4096,3,3]")
+    alone = distribute.describe_failure(error, cluster=False)
+    self.assertEqual(
+        alone, "training stopped: ResourceExhaustedError: OOM when "
+        "allocating tensor with shape[4096,4096,3,3]; the run needs more "
+        "memory than this machine has: lower --batch_size or --width (a new "
+        "--model_dir for --width)")
+    self.assertNotIn("worker", alone)
+    other = distribute.describe_failure(
+        tf.errors.InternalError(None, None, "something broke"),
+        cluster=False)
+    self.assertEqual(other, "training stopped: InternalError: something "
+                     "broke; run the same command to resume from the latest "
+                     "checkpoint")
+    self.assertIn("every worker", distribute.describe_failure(error))
+
+
+if __name__ == "__main__":
+  absltest.main()
