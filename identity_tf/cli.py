@@ -53,6 +53,11 @@ _START_UP_LINES = re.compile(
     r"cpu_feature_guard)\.cc:\d+\]|To enable the following instructions)")
 
 
+# The terminal's stderr while `start_tensorflow_quietly` captures fd 2: a
+# signal meanwhile must still reach the user (`stop_on_signals`).
+_terminal_fd = None
+
+
 def start_tensorflow_quietly():
   """Imports TensorFlow and lists its devices with its C++ start-up lines
   left out (every other line it writes meanwhile is passed on), unless
@@ -61,9 +66,11 @@ def start_tensorflow_quietly():
   if "tensorflow" in sys.modules or os.environ.get(
       "TF_CPP_MIN_LOG_LEVEL", "0") < "2":
     return
+  global _terminal_fd
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile("w+") as captured:
+    _terminal_fd = saved
     os.dup2(captured.fileno(), 2)
     try:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -71,6 +78,7 @@ def start_tensorflow_quietly():
     finally:
       sys.stderr.flush()
       os.dup2(saved, 2)
+      _terminal_fd = None
       os.close(saved)
       captured.seek(0)
       for line in captured:
@@ -88,8 +96,9 @@ def stop_on_signals():
   kill -9 would: every binary writes its files so that it is whole."""
   def stop(signum, _):
     name = signal.Signals(signum).name
-    os.write(2, f"error: stopped by {name}; run the same command to start "
-                f"again\n".encode())
+    os.write(2 if _terminal_fd is None else _terminal_fd,
+             f"error: stopped by {name}; run the same command to start "
+             f"again\n".encode())
     os._exit(128 + signum)  # pylint: disable=protected-access
   try:
     for signum in (signal.SIGTERM, signal.SIGINT):
