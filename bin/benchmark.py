@@ -37,7 +37,7 @@ import sys
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 from identity_tf import configs
 from identity_tf.bench import suites
 
@@ -118,9 +118,9 @@ flags.adopt_module_key_flags(cli)
 
 def main(argv):
   cli.begin(argv, "--suite=train_step")
-  from identity_tf.bench import report  # pylint: disable=g-import-not-at-top
+  from identity_tf.commands import benchmark  # pylint: disable=g-import-not-at-top
   with cli.errors_as_exit():
-    report.benchmark_command({n: FLAGS[n].value for n in _OWN}, sys.argv[1:])
+    benchmark.benchmark_command({n: FLAGS[n].value for n in _OWN}, sys.argv[1:])
 
 
 def run():

@@ -34,7 +34,7 @@ import json
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 
 flags.DEFINE_list("depths", None, "Depths L, the number of units (default "
                   "2,4).")

@@ -34,10 +34,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import json
+
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data", None, ".npz file with x (n, d) and y (n,)")
@@ -105,7 +107,8 @@ def main(argv):
         johnson_lindenstrauss=FLAGS.johnson_lindenstrauss,
         keras_check_examples=FLAGS.keras_check_examples,
         sgd_steps=FLAGS.sgd_steps, sgd_batch_size=FLAGS.sgd_batch_size,
-        sgd_learning_rate=FLAGS.sgd_learning_rate)
+        sgd_learning_rate=FLAGS.sgd_learning_rate, log=cli.print_stderr,
+        emit=lambda summary: print(json.dumps(summary), flush=True))
 
 
 def run():

@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 
 FLAGS = flags.FLAGS
 
@@ -50,7 +50,7 @@ def main(argv):
   if checkpoint and not checkpoint.isdigit() and os.sep in checkpoint:
     checkpoint = cli.resolve_path(checkpoint)
   # Imported here so that --help and flag errors do not wait for TensorFlow.
-  from identity_tf.serving import export  # pylint: disable=g-import-not-at-top
+  from identity_tf.commands import export  # pylint: disable=g-import-not-at-top
   with cli.errors_as_exit():
     export.export_command(
         cli.path(FLAGS.model_dir), cli.path(FLAGS.export_dir),

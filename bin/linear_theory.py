@@ -20,8 +20,8 @@ landscape: Theorem 2.2 as an experiment: descent from random starts in B_tau
   per depth and tau, beside the plain W_l...W_1 and a det R < 0 target; JSON
   report (also to --output), PNG with --plot (docs/linear_theory.md).
 
-Each subcommand is one function of identity_tf/theory/linear_run.py (`main`
-picks it). JSON goes to stdout alone; progress and errors go to stderr.
+Each subcommand is one function of identity_tf/theory/linear_run.py
+(identity_tf/commands/linear_theory.py picks it). JSON goes to stdout alone; progress and errors go to stderr.
 Relative paths resolve against the directory `bazel run` was started from.
 """
 
@@ -37,9 +37,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app
 from absl import flags
 
-from identity_tf import cli
 # Pure Python until a command runs: TensorFlow comes after the flag checks.
-from identity_tf.theory import linear_run
+from identity_tf.commands import cli
+from identity_tf.commands import linear_theory
 
 flags.DEFINE_string("R", None, "factorize, landscape: .npy file holding a "
                     "d x d float64 R (landscape: det R > 0; default random).")
@@ -84,9 +84,9 @@ def main(argv):
   cli.check_finite_flags()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   with cli.errors_as_exit():
-    linear_run.main(argv[1:], {
+    linear_theory.main(argv[1:], {
         name: FLAGS[name].value if FLAGS[name].present else None
-        for name in linear_run.FLAG_NAMES})
+        for name in linear_theory.FLAG_NAMES})
 
 
 def run():

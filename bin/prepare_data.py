@@ -30,7 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 
 FLAGS = flags.FLAGS
 cli.define_dataset(use="The one to prepare (synthetic needs none), e.g. "
@@ -73,7 +73,7 @@ def main(argv):
   signal.signal(signal.SIGINT, _stop)
   with cli.errors_as_exit():
     path = tfds_data.prepare(FLAGS.dataset, cli.path(FLAGS.data_dir),
-                             cli.path(FLAGS.source_dir))
+                             cli.path(FLAGS.source_dir), echo=print)
   data_dir = os.path.dirname(os.path.dirname(path))
   print(f"{FLAGS.dataset} is ready in {path}; train with "
         f"{shlex.quote(f'--dataset={FLAGS.dataset}')} "

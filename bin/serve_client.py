@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 from identity_tf.serving import contract
 
 FLAGS = flags.FLAGS
@@ -62,9 +62,9 @@ def main(argv):
     raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "
                      "arrays after the flags")
   # The client loads TensorFlow (its protos); --help and bad flags do not.
-  from identity_tf.serving import client  # pylint: disable=g-import-not-at-top
-  with cli.errors_as_exit():  # client.ServingError is a ValueError.
-    client.predict_command(
+  from identity_tf.commands import serve_client  # pylint: disable=g-import-not-at-top
+  with cli.errors_as_exit():  # errors.ServingError is a ValueError.
+    serve_client.predict_command(
         FLAGS.server, FLAGS.model_name, argv[1:], protocol=FLAGS.protocol,
         signature=FLAGS.signature, version=FLAGS.model_version,
         timeout=FLAGS.timeout, top_k=FLAGS.top_k, model_info=FLAGS.model_info)

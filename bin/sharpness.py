@@ -26,7 +26,7 @@ import json
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 
 FLAGS = flags.FLAGS
 cli.define_model_dir(required=True)

@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 from identity_tf import configs
 
 FLAGS = flags.FLAGS
@@ -53,7 +53,7 @@ flags.adopt_module_key_flags(cli)
 
 def main(argv):
   cli.begin(argv, "--study=NAME")
-  from identity_tf.training import study  # pylint: disable=g-import-not-at-top
+  from identity_tf.commands import study  # pylint: disable=g-import-not-at-top
   with cli.errors_as_exit():  # DatasetNotReadyError too.
     study.study_command(
         FLAGS.study, cli.resolve_path(

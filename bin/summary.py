@@ -21,7 +21,7 @@ from absl import app
 from absl import flags
 
 from identity_tf import architectures
-from identity_tf import cli
+from identity_tf.commands import cli
 from identity_tf import configs
 
 FLAGS = flags.FLAGS

@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app
 from absl import flags
 
-from identity_tf import cli
+from identity_tf.commands import cli
 from identity_tf import configs
 
 FLAGS = flags.FLAGS
@@ -60,14 +60,15 @@ def main(argv):
   # Pure Python (but for gs:// model_dirs): bad flags are reported before
   # TensorFlow loads.
   from identity_tf.training import run as run_lib  # pylint: disable=g-import-not-at-top
+  model_dir = cli.path(FLAGS.model_dir)
   with cli.errors_as_exit():
-    config, model_dir = run_lib.choose_config(
-        FLAGS.preset, cli.path(FLAGS.model_dir),
-        cli.config_overrides(configs.Config))
-  from identity_tf.training import launch  # pylint: disable=g-import-not-at-top
-  launch.train_command(config, model_dir, data_dir=cli.path(FLAGS.data_dir),
-                       tpu=FLAGS.tpu, cluster_timeout=FLAGS.cluster_timeout,
-                       dry_run=FLAGS.dry_run, verbose=FLAGS.verbose)
+    config = run_lib.choose_config(FLAGS.preset, model_dir,
+                                   cli.config_overrides(configs.Config))
+  model_dir = model_dir or cli.default_model_dir(config.preset)
+  from identity_tf.commands import train  # pylint: disable=g-import-not-at-top
+  train.train_command(config, model_dir, data_dir=cli.path(FLAGS.data_dir),
+                      tpu=FLAGS.tpu, cluster_timeout=FLAGS.cluster_timeout,
+                      dry_run=FLAGS.dry_run, verbose=FLAGS.verbose)
 
 
 def run():

@@ -9,6 +9,8 @@ before TensorFlow loads.
 
 import dataclasses
 
+from identity_tf import errors
+
 # The values of the networks' options (see `layers` for what they mean).
 # The final layer (`model.build_model`): the paper's random projection,
 # frozen or trained, or a trained dense classifier with bias drawn as Fixup
@@ -88,7 +90,7 @@ def _text(value):
 
 def _check(condition, message):
   if not condition:
-    raise ValueError(message)
+    raise errors.ConfigError(message)
 
 
 def resolve_options(name, **options):

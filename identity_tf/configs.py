@@ -29,6 +29,7 @@ import dataclasses
 import math
 
 from identity_tf import architectures
+from identity_tf import errors
 
 # Names of the learning-rate schedules (`optimization.learning_rate_schedule`)
 # and of the strategies (`distribute.create_strategy`).
@@ -516,13 +517,13 @@ STUDIES = {
 def _positive(config, name):
   value = getattr(config, name)
   if value is None or not value > 0:  # NaN is not > 0 either.
-    raise ValueError(f"--{name} must be positive, got {value}")
+    raise errors.ConfigError(f"--{name} must be positive, got {value}")
 
 
 def _non_negative(config, name):
   value = getattr(config, name)
   if value is None or not value >= 0:
-    raise ValueError(f"--{name} must be >= 0 (0: off), got {value}")
+    raise errors.ConfigError(f"--{name} must be >= 0 (0: off), got {value}")
 
 
 def validate(config):
@@ -532,18 +533,19 @@ def validate(config):
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
     if isinstance(value, float) and not math.isfinite(value):
-      raise ValueError(f"--{field.name} must be a finite number, got {value}")
+      raise errors.ConfigError(
+          f"--{field.name} must be a finite number, got {value}")
   # The seed reaches NumPy's generator (keras.utils.set_random_seed), which
   # takes 32-bit seeds only: refused here, naming the flag, before
   # TensorFlow loads.
   if not 0 <= config.seed < 2**32:
-    raise ValueError(f"--seed={config.seed}: must be between 0 and "
-                     "2**32 - 1")
+    raise errors.ConfigError(f"--seed={config.seed}: must be between 0 and "
+                             "2**32 - 1")
   def one_of(name, valid, optional=False):
     value = getattr(config, name)
     if value not in valid and not (optional and value is None):
-      raise ValueError(f"--{name} must be one of {', '.join(valid)}; "
-                       f"got {value!r}")
+      raise errors.ConfigError(f"--{name} must be one of {', '.join(valid)}; "
+                               f"got {value!r}")
   # The network's options have one validator, the architecture table's.
   architectures.resolve_options(
       config.model, width=config.width, units=config.units, init=config.init,
@@ -559,9 +561,10 @@ def validate(config):
   # the form of a TFDS name, e.g. fashion_mnist or emnist/letters.
   if not (isinstance(config.dataset, str) and config.dataset and
           all(c.isalnum() or c in "_/.:-" for c in config.dataset)):
-    raise ValueError(f"--dataset must be synthetic or a TFDS dataset name "
-                     f"such as cifar10 or fashion_mnist; got "
-                     f"{config.dataset!r}")
+    raise errors.ConfigError(
+        f"--dataset must be synthetic or a TFDS dataset name "
+        f"such as cifar10 or fashion_mnist; got "
+        f"{config.dataset!r}")
   for name in ("batch_size", "train_steps", "learning_rate",
                "checkpoint_steps", "keep_checkpoints", "log_steps",
                "steps_per_loop", "eval_batch_size", "lr_decay_factor",
@@ -574,18 +577,21 @@ def validate(config):
                "agc_clip", "eval_steps"):
     _non_negative(config, name)
   if not 0 <= config.label_smoothing < 1:
-    raise ValueError(f"--label_smoothing must be in [0, 1), got "
-                     f"{config.label_smoothing}")
+    raise errors.ConfigError(f"--label_smoothing must be in [0, 1), got "
+                             f"{config.label_smoothing}")
   if config.warmup_steps >= config.train_steps:
-    raise ValueError(f"--warmup_steps={config.warmup_steps} must be below "
-                     f"--train_steps={config.train_steps}: lower it")
+    raise errors.ConfigError(
+        f"--warmup_steps={config.warmup_steps} must be below "
+        f"--train_steps={config.train_steps}: lower it")
   if not 0 <= config.momentum < 1:
-    raise ValueError(f"--momentum must be in [0, 1), got {config.momentum}")
+    raise errors.ConfigError(
+        f"--momentum must be in [0, 1), got {config.momentum}")
   _non_negative(config, "weight_decay")
   boundaries = list(config.lr_boundaries)
   if any(b <= 0 for b in boundaries) or boundaries != sorted(set(boundaries)):
-    raise ValueError(f"--lr_boundaries must be increasing positive steps, "
-                     f"got {boundaries}")
+    raise errors.ConfigError(
+        f"--lr_boundaries must be increasing positive steps, "
+        f"got {boundaries}")
 
 
 def parse_integers(name, value):
@@ -595,8 +601,20 @@ def parse_integers(name, value):
   try:
     return tuple(int(v) for v in value)
   except (TypeError, ValueError):
-    raise ValueError(f"--{name} must be comma-separated integers, "
-                     f"got {value!r}") from None
+    raise errors.ConfigError(f"--{name} must be comma-separated integers, "
+                             f"got {value!r}") from None
+
+
+def parse_numbers(values, kind, flag, example):
+  """A list flag's strings (or numbers) as KIND (int or float); ConfigError
+  naming --FLAG, with EXAMPLE (e.g. "2,4,8") of what it takes."""
+  try:
+    return [kind(str(v)) for v in values]
+  except (TypeError, ValueError):
+    raise errors.ConfigError(
+        f"--{flag} must be a comma-separated list of "
+        f"{'integers' if kind is int else 'numbers'}, e.g. --{flag}={example}"
+        f"; got {','.join(map(str, values))}") from None
 
 
 def _coerce(name, value):
@@ -609,8 +627,8 @@ def _coerce(name, value):
 def resolve(preset, **overrides):
   """PRESETS[preset] with OVERRIDES (None values ignored), validated."""
   if preset not in PRESETS:
-    raise ValueError(f"unknown --preset {preset!r}; valid: "
-                     f"{', '.join(PRESETS)}")
+    raise errors.ConfigError(f"unknown --preset {preset!r}; valid: "
+                             f"{', '.join(PRESETS)}")
   return override(PRESETS[preset], **overrides)
 
 
@@ -618,7 +636,8 @@ def override(config, **overrides):
   """CONFIG with OVERRIDES (None values ignored), validated."""
   unknown = sorted(set(overrides) - set(_FIELDS))
   if unknown:
-    raise ValueError(f"unknown configuration field(s): {', '.join(unknown)}")
+    raise errors.ConfigError(
+        f"unknown configuration field(s): {', '.join(unknown)}")
   changes = {name: _coerce(name, value) for name, value in overrides.items()
              if value is not None}
   config = dataclasses.replace(config, **changes)

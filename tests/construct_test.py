@@ -15,6 +15,7 @@ from identity_tf.theory import construction_run
 from identity_tf.theory import construction_sgd
 from identity_tf.theory import parallel
 from identity_tf import layers
+from identity_tf import machine
 from identity_tf.data import synthetic
 import testing
 
@@ -349,7 +350,7 @@ class ParallelTest(absltest.TestCase):
       expected = len(os.sched_getaffinity(0))
     except AttributeError:
       expected = os.cpu_count()
-    self.assertEqual(parallel.available_cores(), expected)
+    self.assertEqual(machine.available_cores(), expected)
 
   def test_results_in_order_and_progress_counted_by_size(self):
     lines = []
@@ -371,16 +372,16 @@ class ParallelTest(absltest.TestCase):
     x, y = random_data(rng, 400, 5, 3)
     points = construction.to_sphere(x, *construction.normalization(x))
     runs = []
-    old = (construction.BLOCK, construction.CHUNK, parallel.available_cores)
+    old = (construction.BLOCK, construction.CHUNK, machine.available_cores)
     try:
       construction.BLOCK, construction.CHUNK = 40, 23
       for cores in (1, 3, 64):
-        parallel.available_cores = lambda cores=cores: cores
+        machine.available_cores = lambda cores=cores: cores
         result = construction.construct(x, y)
         runs.append((construction.max_inner_product(points), result.weights,
                      construction.evaluate(result.weights, x)))
     finally:
-      construction.BLOCK, construction.CHUNK, parallel.available_cores = old
+      construction.BLOCK, construction.CHUNK, machine.available_cores = old
     for maximum, weights, logits in runs[1:]:
       self.assertEqual(maximum, runs[0][0])
       for key in weights:

@@ -20,7 +20,7 @@ import tensorflow as tf
 from identity_tf import configs
 from identity_tf.training import checkpoints
 from identity_tf.training import config_file
-from identity_tf.training import launch
+from identity_tf.commands import train as train_lib
 from identity_tf.training import metrics
 from identity_tf.training import trainer
 import testing
@@ -240,7 +240,7 @@ class DamageTest(testing.SharedRootTestCase):
     self.assertEqual((outcome["train_window"], outcome["train_top1"]),
                      (180 - 160, last["top1"]))
     self.assertIn("training top-1 {:.4f} over the last 20 steps".format(
-        last["top1"]), launch.summary(outcome, CONFIG, model_dir)[0])
+        last["top1"]), train_lib.summary(outcome, CONFIG, model_dir)[0])
     # A lower --train_steps than the step reached says so.
     lines = []
     trainer.train(configs.override(CONFIG, train_steps=100), model_dir,

@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from identity_tf import configs
+from identity_tf import errors
 from identity_tf import model as model_lib
 from identity_tf.data import preprocessing
 from identity_tf.data import synthetic
@@ -471,28 +472,28 @@ class ExportTest(absltest.TestCase):
     text = self._files([("notes.txt", b"hello")])[0]
     png = self._files([("one.png", _png(self.pixels[0]))])[0]
     with self.assertRaisesWithLiteralMatch(
-        client.ServingError,
+        errors.ServingError,
         f"{text} is neither a JPEG/PNG image nor a .npy array; pass image "
         f"files or .npy arrays of raw 0-255 pixels"):
       client.read_input(text)
     inputs = [client.read_input(png)]
     closed = f"127.0.0.1:{_free_port()}"
     with self.assertRaisesRegex(
-        client.ServingError,
+        errors.ServingError,
         f"^cannot reach TF Serving's REST API at {closed} \\(.*refused.*\\); "
         f"start tensorflow_model_server with --rest_api_port"):
       client.predict(closed, MODEL_NAME, inputs, timeout=10)
     with self.assertRaisesRegex(
-        client.ServingError,
+        errors.ServingError,
         f"^cannot reach TF Serving's gRPC API at {closed} .*; start "
         f"tensorflow_model_server with --port"):
       client.predict(closed, MODEL_NAME, inputs, protocol="grpc",
                              timeout=10)
-    with self.assertRaisesRegex(client.ServingError,
+    with self.assertRaisesRegex(errors.ServingError,
                                 "does not serve model 'smoke' version 9"):
       client.predict(self.double.grpc_address, MODEL_NAME, inputs,
                              protocol="grpc", version=9)
-    with self.assertRaisesRegex(client.ServingError,
+    with self.assertRaisesRegex(errors.ServingError,
                                 "takes encoded JPEG/PNG files"):
       client.predict(self.double.rest_address, MODEL_NAME,
                              [client.Input("a.npy", "array",
@@ -500,7 +501,7 @@ class ExportTest(absltest.TestCase):
                              signature="predict_images")
     bad_array = os.path.join(self.create_tempdir().full_path, "gray.npy")
     np.save(bad_array, np.zeros([4, 32, 32]))
-    with self.assertRaisesRegex(client.ServingError,
+    with self.assertRaisesRegex(errors.ServingError,
                                 r"shape \[4, 32, 32\]; expected raw 0-255"):
       client.read_input(bad_array)
     info = os.path.join(self.create_tempdir().full_path, "info.json")
@@ -546,12 +547,12 @@ class ExportTest(absltest.TestCase):
         if protocol == "rest" and key == "nan":
           continue  # JSON has no NaN.
         with self.subTest(protocol=protocol, array=key):
-          with self.assertRaisesRegex(client.ServingError,
+          with self.assertRaisesRegex(errors.ServingError,
                                       "refused the request.*" + message):
             send(address, MODEL_NAME, "serving_default", batch)
       for key, (batch, message) in bad_files.items():
         with self.subTest(protocol=protocol, files=key):
-          with self.assertRaisesRegex(client.ServingError,
+          with self.assertRaisesRegex(errors.ServingError,
                                       "refused the request.*" + message):
             send(address, MODEL_NAME, "predict_images", batch)
     # Wrong dtype: a uint8 tensor for serving_default.
@@ -567,7 +568,7 @@ class ExportTest(absltest.TestCase):
     self.assertIn("float", caught.exception.details())
     # The client names the file of the bad element.
     files = self._files([("good.png", png), ("bad.png", b"\x89PNG\r\n\x1a\n")])
-    with self.assertRaisesRegex(client.ServingError,
+    with self.assertRaisesRegex(errors.ServingError,
                                 r"images\[1\] is .*bad\.png"):
       client.predict(self.double.rest_address, MODEL_NAME,
                              [client.read_input(p) for p in files])

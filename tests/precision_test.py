@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import machine
 from identity_tf import model as model_lib
 from identity_tf.bench import rounding
 from identity_tf.data import preprocessing
@@ -317,7 +318,7 @@ class PrecisionNoteTest(absltest.TestCase):
     with open("/proc/cpuinfo") as f:
       flags = set(next(line for line in f if line.startswith("flags"))
                   .split(":", 1)[1].split())
-    self.assertEqual(distribute.cpu_model_and_flags()[1], flags)
+    self.assertEqual(machine.cpu_model_and_flags()[1], flags)
 
   def test_the_machine_line_names_cpu_generation_cores_and_devices(self):
     # Two processors, as /proc/cpuinfo lists them: the first one's fields.
@@ -327,18 +328,18 @@ class PrecisionNoteTest(absltest.TestCase):
         "flags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
         "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 1\n"
         "model name\t: other\nflags\t\t: fpu amx_bf16\n")).full_path
-    cpu = distribute.cpu_model_and_flags(path)
+    cpu = machine.cpu_model_and_flags(path)
     self.assertEqual(cpu, ("AMD EPYC (family 25 model 17)",
                            {"fpu", "avx2", "avx512f", "avx512_bf16"}))
     self.assertEqual(
-        distribute.machine(["CPU", "GPU", "GPU"], cpu=cpu, cores=2),
+        machine.describe(["CPU", "GPU", "GPU"], cpu=cpu, cores=2),
         "AMD EPYC (family 25 model 17), 2 cores, bfloat16: avx512_bf16, "
         "2 GPU")
     self.assertEqual(
-        distribute.machine(["CPU"], cpu=("", {"avx2"}), cores=1),
+        machine.describe(["CPU"], cpu=("", {"avx2"}), cores=1),
         "unknown CPU, 1 cores, bfloat16: none")
     missing = os.path.join(self.create_tempdir().full_path, "cpuinfo")
-    self.assertEqual(distribute.cpu_model_and_flags(missing), ("", set()))
+    self.assertEqual(machine.cpu_model_and_flags(missing), ("", set()))
 
 
 class RunTest(testing.SharedRootTestCase):

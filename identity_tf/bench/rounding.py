@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
 from identity_tf import layers
 
 
@@ -35,9 +36,10 @@ def branch_survival(model, images, dtype=tf.bfloat16):
   """
   units = _units(model)
   if not units:
-    raise ValueError(f"{model.name} has no ConvResidualUnit (the batch-norm "
-                     "baseline's units are PreActivationUnits): nothing to "
-                     "measure")
+    raise errors.ConfigError(
+        f"{model.name} has no ConvResidualUnit (the batch-norm "
+        "baseline's units are PreActivationUnits): nothing to "
+        "measure")
   probe = keras.Model(model.input, [unit.input for unit in units])
   inputs = probe(images, training=False)
   if len(units) == 1:

@@ -3,7 +3,8 @@
 `SUITES[name](options)` runs one suite and returns (results, summary
 lines); OPTIONS carries the binary's flags as attributes (model, width,
 units, batch_size, steps, repeats, strategy, ...; bin/benchmark.py lists
-them). The network a suite times, and its input, come from one `run.Run`
+them) and `log`, the function that receives the progress lines. The
+network a suite times, and its input, come from one `run.Run`
 (`_run`), as //bin:train's do. The suites time identity_tf's own code --
 `step.make_train_step`, the input pipeline, Sections 2 and 3 -- against
 PyTorch and the machine's SGEMM peak where there is something to compare
@@ -12,11 +13,11 @@ with; `tools` holds the measuring tools they share.
 
 import tempfile
 
-from identity_tf import cli
+from identity_tf import errors
+from identity_tf import machine
 
 STEP = ("identity_tf.training.step.make_train_step (the step "
         "trainer.train runs)")
-log = cli.print_stderr  # Progress goes to stderr, the summary to stdout.
 
 
 def _config(options, **overrides):
@@ -80,7 +81,7 @@ class Contender:
     from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
     seconds, _ = tools.timed(lambda: self.run_steps(steps))
     self.seconds_per_step.append(seconds / steps)
-    self.load.append(tools.load_average())
+    self.load.append(machine.load_average())
     return self.batch_size * steps / seconds
 
   def figures(self):
@@ -91,7 +92,7 @@ class Contender:
             "load_average": self.load}
 
 
-def alternate(contenders, steps, repeats):
+def alternate(contenders, steps, repeats, log):
   """Warm-up, then REPEATS rounds in which every contender runs STEPS."""
   for contender in contenders:
     log(f"warm-up: {contender.name} (tracing, first steps)")
@@ -122,7 +123,6 @@ def tf_contender(options, name, config, images, labels):
 def torch_contenders(options, keras_model, config, images, labels):
   # pylint: disable=g-import-not-at-top
   from identity_tf.bench import tools
-  from identity_tf.theory import parallel
   # pylint: enable=g-import-not-at-top
   contenders = []
   for memory_format in options.torch_memory_formats:
@@ -131,7 +131,7 @@ def torch_contenders(options, keras_model, config, images, labels):
         keras_model, learning_rate=config.learning_rate,
         momentum=config.momentum, weight_decay=config.weight_decay,
         channels_last=channels_last,
-        threads=options.torch_threads or parallel.available_cores())
+        threads=options.torch_threads or machine.available_cores())
     x, y = tools.torch_batch(images, labels, channels_last)
 
     def run(steps, step=step, x=x, y=y):
@@ -149,15 +149,15 @@ def _torch(options):
   if not options.torch:
     torch, why_not = None, "PyTorch left out (--notorch)"
   if torch is None:
-    log(why_not)
+    options.log(why_not)
   return torch, why_not
 
 
 def _sgemm_peak(options, use_torch, when):
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
-  log(f"SGEMM peak ({when})")
+  options.log(f"SGEMM peak ({when})")
   return tools.sgemm_peak(options.sgemm_size, options.sgemm_repeats,
-                          use_torch=use_torch, log=log)
+                          use_torch=use_torch, log=options.log)
 
 
 def train_step_suite(options):
@@ -175,7 +175,7 @@ def train_step_suite(options):
   if torch is not None:
     contenders += torch_contenders(options, keras_model, run.config, images,
                                    labels)
-  alternate(contenders, options.steps, options.repeats)
+  alternate(contenders, options.steps, options.repeats, options.log)
   peaks.append(_sgemm_peak(options, torch is not None, "after"))
   results = _train_step_results(options, run.config, flops, peaks,
                                 contenders, why_not)
@@ -253,7 +253,7 @@ def _train_step_lines(options, results, contenders):
   return lines
 
 
-def _smoke_accuracy(precision, steps):
+def _smoke_accuracy(precision, steps, log):
   """Evaluation top-1 and loss of the smoke preset trained in PRECISION."""
   from identity_tf import configs  # pylint: disable=g-import-not-at-top
   from identity_tf.training import trainer  # pylint: disable=g-import-not-at-top
@@ -261,7 +261,8 @@ def _smoke_accuracy(precision, steps):
                            checkpoint_steps=steps, precision=precision)
   with tempfile.TemporaryDirectory() as model_dir:
     result = trainer.train(
-        config, model_dir, echo=lambda line: log(f"smoke {precision}: {line}"))
+        config, model_dir,
+        echo=lambda line: log(f"smoke {precision}: {line}"))
   return {"top1": result["eval"]["top1"], "loss": result["eval"]["loss"],
           "train_loss": result["train_loss"], "steps": steps,
           "examples": result["eval"]["examples"]}
@@ -299,13 +300,13 @@ def bf16_suite(options):
     config = _config(options, precision=precision, float32_stream=stream)
     contender, _ = tf_contender(options, name, config, images, labels)
     contenders.append(contender)
-  alternate(contenders, options.steps, options.repeats)
+  alternate(contenders, options.steps, options.repeats, options.log)
   bf16_speedup = speedup(contenders[1], contenders[0])
   stream_speedup = speedup(contenders[2], contenders[0])
   flops = _flops(_run(options))
-  log("bfloat16 matmul peak")
+  options.log("bfloat16 matmul peak")
   peak = tools.bf16_matmul_peak(options.sgemm_size, options.sgemm_repeats,
-                                log=log)
+                                log=options.log)
   rate = contenders[1].figures()["images_per_second"]["median"]
   share = rate * flops["train_flops"] / peak["tensorflow"]
   _, cpu_flags = tools.cpu_model_and_flags()
@@ -333,7 +334,8 @@ def bf16_suite(options):
   if options.loop_steps:
     loop = {}
     for precision in ("float32", "mixed_bfloat16"):
-      log(f"//bin:train's loop, {options.loop_steps} steps, {precision}")
+      options.log(f"//bin:train's loop, {options.loop_steps} steps, "
+                  f"{precision}")
       loop[precision] = _loop_rate(options, precision, options.loop_steps)
     results["train_loop_images_per_second"] = loop
     lines.append(
@@ -343,8 +345,9 @@ def bf16_suite(options):
   if options.smoke_steps:
     smoke = {}
     for precision in ("float32", "mixed_bfloat16"):
-      log(f"smoke preset, {options.smoke_steps} steps, {precision}")
-      smoke[precision] = _smoke_accuracy(precision, options.smoke_steps)
+      options.log(f"smoke preset, {options.smoke_steps} steps, {precision}")
+      smoke[precision] = _smoke_accuracy(precision, options.smoke_steps,
+                                          options.log)
     results["smoke_accuracy"] = smoke
     cost = smoke["float32"]["top1"] - smoke["mixed_bfloat16"]["top1"]
     results["smoke_top1_cost"] = cost
@@ -394,7 +397,7 @@ def input_pipeline_suite(options):
     for contender in contenders:
       count = options.steps if contender is step else options.batches
       rate = contender.time_repeat(count)
-      log(f"repeat {repeat + 1}/{options.repeats}: {contender.name} "
+      options.log(f"repeat {repeat + 1}/{options.repeats}: {contender.name} "
           f"{rate:.1f} images/s (load {contender.load[-1]})")
   figures = {c.name: c.figures() for c in contenders}
   step_rate = figures[step.name]["images_per_second"]["median"]
@@ -438,8 +441,8 @@ def _sweep(options, name, label, sizes, run_once):
   for size in sizes:
     times = [run_once(size) for _ in range(options.repeats)]
     rows.append({"size": size, **tools.summarize(times),
-                 "load_average": tools.load_average()})
-    log(f"{name}: {label} = {size}: min {min(times):.4f} s")
+                 "load_average": machine.load_average()})
+    options.log(f"{name}: {label} = {size}: min {min(times):.4f} s")
   exponent = _scaling(sizes, [r["min"] for r in rows])
   return {"variable": label, "rows": rows, "exponent": exponent}
 
@@ -479,7 +482,7 @@ def _throughput_lines(contenders, repeat=None):
   return lines
 
 
-def _plot_sweeps(path, sweeps, curves, variables, title):
+def _plot_sweeps(path, sweeps, curves, variables, title, log):
   """Plots SWEEPS into PATH (nothing if None): a panel per (variable, what is
   held) of VARIABLES, a line per (name, label) of CURVES, from the sweep
   "<name>_vs_<variable>". Returns PATH."""
@@ -513,7 +516,7 @@ def linear_suite(options):
   # pylint: enable=g-import-not-at-top
   layer_sizes, dims = options.layers, options.dims
   if options.d < 1 or options.l < 1:
-    raise ValueError("--d and --l must be >= 1")
+    raise errors.ConfigError("--d and --l must be >= 1")
   rng = np.random.default_rng(0)
   problems = {}
 
@@ -528,8 +531,8 @@ def linear_suite(options):
     try:
       return tools.timed(lambda: lt.factorize(r, layers).numpy())[0]
     except ValueError as e:
-      raise ValueError(f"factorize(l={layers}, d={d}): {e}; use larger "
-                       f"--layers/--l") from None
+      raise errors.ConfigError(f"factorize(l={layers}, d={d}): {e}; use larger "
+                               f"--layers/--l") from None
 
   def gradient_time(layers, d):
     r, sigma = problem(d)
@@ -550,7 +553,7 @@ def linear_suite(options):
       options.plot, sweeps, [("factorize", "factorize (Thm 2.1)"),
                              ("gradient", "gradient (Lemma 2.4)")],
       [("l", f"d = {options.d}"), ("d", f"l = {options.l}")],
-      "Section 2: linear residual networks")
+      "Section 2: linear residual networks", options.log)
   results = {"sweeps": sweeps, "plot": path, "d": options.d, "l": options.l}
   return results, _sweep_lines(
       sweeps, "(expected: gradient O(l d^3); factorize O(d^3) + O(l d^2) "
@@ -563,7 +566,7 @@ def construct_suite(options):
   from identity_tf.theory import construction  # pylint: disable=g-import-not-at-top
   points, dims = options.points, options.dims
   if options.d < 1 or options.n < 2:
-    raise ValueError("construct needs --d >= 1 and --n >= 2")
+    raise errors.ConfigError("construct needs --d >= 1 and --n >= 2")
   details = {}
 
   def data(n, d):
@@ -596,7 +599,7 @@ def construct_suite(options):
       options.plot, sweeps, [("construct", "construct"),
                              ("verify", "evaluate on all n points")],
       [("n", f"d = {options.d}"), ("d", f"n = {options.n}")],
-      "Section 3: the expressivity construction")
+      "Section 3: the expressivity construction", options.log)
   results = {"sweeps": sweeps, "plot": path, "d": options.d, "n": options.n,
              "networks": [{"n": n, "d": d, **v} for (n, d), v in
                           sorted(details.items())]}
@@ -621,7 +624,8 @@ def bf16_identity_suite(options):
   else:
     prefixes = checkpoints.checkpoint_prefixes(options.model_dir)[::-1]
     if not prefixes:
-      raise ValueError(f"--model_dir={options.model_dir} holds no checkpoint")
+      raise errors.ConfigError(
+          f"--model_dir={options.model_dir} holds no checkpoint")
     images = None
     for prefix in prefixes:
       model, run, step = checkpoints.restore_checkpoint(
@@ -631,7 +635,7 @@ def bf16_identity_suite(options):
             run.config.dataset, run.dataset.eval_split, options.batch_size,
             training=False, data_dir=options.data_dir,
             preprocessing=run.preprocessing)))
-      log(f"step {step}")
+      options.log(f"step {step}")
       measured[str(step)] = rounding.branch_survival(model, images)
   stages = {when: rounding.by_stage(rows) for when, rows in measured.items()}
   lines = ["share of each residual branch lost in the bfloat16 sum "

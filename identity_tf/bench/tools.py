@@ -23,9 +23,8 @@ import time
 
 import numpy as np
 
+from identity_tf import machine
 from identity_tf import model as model_lib
-from identity_tf.theory import parallel
-from identity_tf.training import distribute
 
 # Sizes that make a float32 matrix product compute-bound on a CPU.
 SGEMM_SIZE = 4096
@@ -40,17 +39,9 @@ _INTERESTING_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl",
 
 def cpu_model_and_flags():
   """(CPU model name, the relevant flags it has) from /proc/cpuinfo."""
-  name, flags = distribute.cpu_model_and_flags()
+  name, flags = machine.cpu_model_and_flags()
   return (name or platform.processor() or platform.machine(),
           [flag for flag in _INTERESTING_FLAGS if flag in flags])
-
-
-def load_average():
-  """The 1-minute load average (other work on the cores), or None."""
-  try:
-    return round(os.getloadavg()[0], 2)
-  except OSError:
-    return None
 
 
 def machine_info():
@@ -63,7 +54,7 @@ def machine_info():
       "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime(
           "%Y-%m-%d %H:%M:%S"),
       "cpu": name,
-      "cores": parallel.available_cores(),
+      "cores": machine.available_cores(),
       "cpu_flags": flags,
       "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
       "python": sys.version.split()[0],
@@ -76,7 +67,7 @@ def machine_info():
       "tf_threads": {
           "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
           "inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
-      "load_average": load_average(),
+      "load_average": machine.load_average(),
   }
 
 
@@ -207,7 +198,7 @@ def sgemm_peak(size=SGEMM_SIZE, repeats=3, use_torch=True, log=None):
     log(f"sgemm torch: {result['torch'] / 1e9:.1f} GFLOP/s")
   result["best"] = max(v for k, v in result.items()
                        if k in ("tensorflow", "numpy", "torch"))
-  result["load_average"] = load_average()
+  result["load_average"] = machine.load_average()
   return result
 
 
@@ -227,7 +218,7 @@ def bf16_matmul_peak(size=SGEMM_SIZE, repeats=3, log=None):
   if log:
     log(f"bfloat16 matmul tensorflow: {best / 1e9:.1f} GFLOP/s")
   return {"size": size, "repeats": repeats, "tensorflow": best,
-          "load_average": load_average()}
+          "load_average": machine.load_average()}
 
 
 def bf16_features(flags):
@@ -235,7 +226,7 @@ def bf16_features(flags):
   dot products and AMX's tile multiplies."""
   # amx_tile: the tile registers AMX's bfloat16 multiplies run on.
   return {name: name in flags
-          for name in distribute.BF16_CPU_FLAGS + ("amx_tile",)}
+          for name in machine.BF16_CPU_FLAGS + ("amx_tile",)}
 
 
 # ---------------------------------------------------------------------------

@@ -19,6 +19,8 @@ to RGB.
 
 import dataclasses
 
+from identity_tf import errors
+
 # The one dataset that is not TFDS's: generated in process (`synthetic_arrays`).
 SYNTHETIC = "synthetic"
 
@@ -106,7 +108,7 @@ def preprocessing_config(info, image_size=None, flip=None):
   flip = info.name not in NO_FLIP if flip is None else bool(flip)
   if fixed and max(height, width) <= image_size:
     if 2 * max(height, width) < image_size:
-      raise ValueError(
+      raise errors.DataError(
           f"{info.name}'s {height}x{width} images are less than half the "
           f"network's {image_size}x{image_size} input; use a network of the "
           "CIFAR family (32x32 input)")
@@ -145,7 +147,7 @@ def check_fits(preprocessing, info):
   if preprocessing["kind"] != expected["kind"] or (
       preprocessing["kind"] == "cifar" and
       input_shape(preprocessing) != input_shape(expected)):
-    raise ValueError(
+    raise errors.DataError(
         f"this preprocessing ({preprocessing['kind']}, for "
         f"{shape_text(input_shape(preprocessing))} images) does not fit "
         f"{info.name}'s {shape_text(info.image_shape)} images; use "
@@ -164,22 +166,22 @@ _STANDARDIZE = ("per_image", "per_channel")
 def check_preprocessing(preprocessing):
   """ValueError unless PREPROCESSING is a valid `preprocessing_config`."""
   if not isinstance(preprocessing, dict):
-    raise ValueError(
+    raise errors.DataError(
         f"preprocessing must be a dict from preprocessing_config(), got "
         f"{type(preprocessing).__name__}")
   kind = preprocessing.get("kind")
   if kind not in _KINDS:
-    raise ValueError(
+    raise errors.DataError(
         f"unknown preprocessing kind {kind!r}; valid: {', '.join(_KINDS)} "
         "(use preprocessing_config(dataset))")
   standardize = preprocessing.get("standardize")
   if standardize not in _STANDARDIZE:
-    raise ValueError(
+    raise errors.DataError(
         f"unknown standardize {standardize!r}; valid: "
         f"{', '.join(_STANDARDIZE)}")
   if channels(preprocessing) not in (1, 3):
-    raise ValueError(f"channels must be 1 or 3, got "
-                     f"{preprocessing['channels']!r}")
+    raise errors.DataError(f"channels must be 1 or 3, got "
+                           f"{preprocessing['channels']!r}")
 
 
 def channels(preprocessing):

@@ -25,6 +25,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
 from identity_tf.data import datasets
 from identity_tf.data import preprocessing as prep
 from identity_tf.data import synthetic
@@ -92,7 +93,7 @@ def _in_memory_dataset(images, labels, batch_size, preprocessing, *, training,
         num_parallel_calls=tf.data.AUTOTUNE)
 
   if count < global_batch:
-    raise ValueError(
+    raise errors.DataError(
         f"training needs at least one global batch ({global_batch} examples)"
         f" but the dataset has {count}; lower --batch_size or raise "
         "num_examples")
@@ -135,7 +136,7 @@ def _streaming_dataset(builder, split, batch_size, preprocessing, *,
   start = pipeline * stop // pipelines
   end = (pipeline + 1) * stop // pipelines
   if end <= start:
-    raise ValueError(
+    raise errors.DataError(
         f"{split} has {stop} examples, too few for {pipelines} input "
         "pipelines; use more examples or fewer workers")
   read_config = tfds.ReadConfig(
@@ -247,16 +248,16 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
 def _check_arguments(batch_size, num_examples, start_step, training):
   """ValueError (one line) for `build_dataset` arguments of the wrong kind."""
   if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-    raise ValueError(f"batch_size must be a positive integer, got "
-                     f"{batch_size!r}")
+    raise errors.DataError(f"batch_size must be a positive integer, got "
+                           f"{batch_size!r}")
   if num_examples is not None and (
       not isinstance(num_examples, (int, np.integer)) or num_examples < 1):
-    raise ValueError(
+    raise errors.DataError(
         f"num_examples must be a positive integer or None, got "
         f"{num_examples!r}")
   if not isinstance(start_step, (int, np.integer)) or start_step < 0 or (
       start_step and not training):
-    raise ValueError(
+    raise errors.DataError(
         f"start_step must be a non-negative integer, and 0 unless training; "
         f"got {start_step!r} with training={training}")
 
@@ -281,7 +282,7 @@ def _read_split(name, split, data_dir, num_examples, preprocessing):
   if name == datasets.SYNTHETIC:
     info, builder = datasets.synthetic_info(), None
     if split not in (info.train_split, info.eval_split):
-      raise ValueError(
+      raise errors.DataError(
           f"unknown split {split!r} of {name}; valid: {info.train_split}, "
           f"{info.eval_split}")
     size = len(synthetic.arrays(split)[1])

@@ -9,6 +9,7 @@ import functools
 
 import numpy as np
 
+from identity_tf import errors
 from identity_tf.data import datasets
 
 SYNTHETIC_SEED = 2017
@@ -30,7 +31,7 @@ def arrays(split):
   """
   info = datasets.synthetic_info()
   if split not in (info.train_split, info.eval_split):
-    raise ValueError(
+    raise errors.DataError(
         f"synthetic has splits {info.train_split!r} and {info.eval_split!r}, "
         f"not {split!r}")
   classes, size = info.num_classes, info.image_shape[0]

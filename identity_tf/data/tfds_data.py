@@ -28,14 +28,15 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from identity_tf import cli
+from identity_tf import errors
 from identity_tf.data import datasets
 from identity_tf.data import synthetic
 
-class DatasetNotReadyError(ValueError):
+class DatasetNotReadyError(errors.DataError):
   """A TFDS dataset that is not prepared in the data directory.
 
-  The message is one line naming --data_dir and how to prepare the dataset.
+  The message is one line naming --data_dir and how to prepare the dataset
+  (an `errors.Command` of //bin:prepare_data).
   The pipeline never downloads anything.
   """
 
@@ -57,7 +58,7 @@ def _builder(name, data_dir):
   try:
     return tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    raise ValueError(
+    raise errors.DataError(
         f"unknown dataset {name!r}: not {datasets.SYNTHETIC} and not a dataset of "
         f"tensorflow-datasets {tfds.__version__} (see "
         "https://www.tensorflow.org/datasets/catalog)") from None
@@ -85,13 +86,13 @@ def info_from_builder(builder):
   label = features[LABEL] if LABEL in features else None
   if not (isinstance(image, tfds.features.Image) and
           isinstance(label, tfds.features.ClassLabel)):
-    raise ValueError(
+    raise errors.DataError(
         f"dataset {name!r} is not an image-classification dataset: training "
         f"needs an 'image' and a 'label' (ClassLabel) feature; it has "
         f"{', '.join(features.keys())}")
   shape = tuple(image.shape)
   if shape[-1] not in (1, 3):
-    raise ValueError(
+    raise errors.DataError(
         f"dataset {name!r} has {shape[-1]}-channel images; training reads "
         "grayscale (1) or RGB (3)")
   splits = builder.info.splits if _is_prepared(builder) else {}
@@ -141,19 +142,18 @@ def tfds_module():
 
 
 def _how_to_prepare(name, data_dir):
+  """The parts (strings and an `errors.Command`) of the message's advice."""
+  prepare = errors.Command("prepare_data",
+                           f"--dataset={name} --data_dir={data_dir}")
   if name == "imagenet2012":
     return (f"put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from "
-            f"image-net.org into {manual_dir(data_dir)} and run '"
-            + cli.command("prepare_data", f"--dataset=imagenet2012 "
-                          f"--data_dir={data_dir}")
-            + "' (no internet needed)")
-  command = ("'" + cli.command("prepare_data", f"--dataset={name} "
-                               f"--data_dir={data_dir}") + "'")
+            f"image-net.org into {manual_dir(data_dir)} and run '", prepare,
+            "' (no internet needed)")
   if name in datasets.DEBIAN_SOURCES:
     return (f"run 'apt-get install {datasets.DEBIAN_SOURCES[name][0]}', then "
-            f"{command} (no internet needed)")
-  return (f"run {command} on a machine with internet access and copy that "
-          "directory here")
+            "'", prepare, "' (no internet needed)")
+  return ("run '", prepare, "' on a machine with internet access and copy "
+          "that directory here")
 
 
 def _where(data_dir, given):
@@ -162,21 +162,23 @@ def _where(data_dir, given):
 
 
 def _data_dir_is_a_file(name, data_dir, given):
-  """One line for a data directory that is a file: preparing "into" it
-  cannot work, so the fix is another path, not the usual prepare_data."""
+  """The parts of one line for a data directory that is a file: preparing
+  "into" it cannot work, so the fix is another path, not the usual
+  prepare_data."""
   return (f"{_where(data_dir, given)} is a file, not a directory: pass "
           f"--data_dir=DIR with a directory, one where {name} is prepared "
-          "or a new one to prepare it into ('"
-          + cli.command("prepare_data", f"--dataset={name} --data_dir=DIR")
-          + "')")
+          "or a new one to prepare it into ('",
+          errors.Command("prepare_data", f"--dataset={name} --data_dir=DIR"),
+          "')")
 
 
 def _not_ready_message(name, data_dir, given, problem):
-  """One line: what is missing where, and how to prepare it."""
+  """The parts of one line: what is missing where, and how to prepare it."""
   where = _where(data_dir, given)
-  return (f"dataset {name} is not prepared in {where} ({problem}): "
-          f"{_how_to_prepare(name, data_dir)}, or pass --data_dir pointing "
-          f"to a prepared copy (or use --dataset={datasets.SYNTHETIC})")
+  return (f"dataset {name} is not prepared in {where} ({problem}): ",
+          *_how_to_prepare(name, data_dir),
+          f", or pass --data_dir pointing to a prepared copy (or use "
+          f"--dataset={datasets.SYNTHETIC})")
 
 
 def prepared_builder(name, data_dir, split=None):
@@ -197,8 +199,8 @@ def prepared_builder(name, data_dir, split=None):
   builder = _builder(name, data_dir)
   if not tf.io.gfile.isdir(data_dir):
     if tf.io.gfile.exists(data_dir):
-      raise DatasetNotReadyError(_data_dir_is_a_file(name, data_dir, given))
-    raise DatasetNotReadyError(_not_ready_message(
+      raise DatasetNotReadyError(*_data_dir_is_a_file(name, data_dir, given))
+    raise DatasetNotReadyError(*_not_ready_message(
         name, data_dir, given, "no such directory"))
   try:
     prepared = _is_prepared(builder)
@@ -206,13 +208,13 @@ def prepared_builder(name, data_dir, split=None):
     # Whatever TFDS raises for an unreadable directory becomes the one-line
     # error the contract promises.
     problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise DatasetNotReadyError(_not_ready_message(
+    raise DatasetNotReadyError(*_not_ready_message(
         name, data_dir, given, f"TFDS: {problem}")) from e
   if not prepared:
-    raise DatasetNotReadyError(_not_ready_message(
+    raise DatasetNotReadyError(*_not_ready_message(
         name, data_dir, given, f"no {name}/{builder.version} in it"))
   if split is not None and split not in builder.info.splits:
-    raise DatasetNotReadyError(_not_ready_message(
+    raise DatasetNotReadyError(*_not_ready_message(
         name, data_dir, given,
         f"split {split!r} missing from {name}/{builder.version}"))
   return builder
@@ -282,7 +284,7 @@ MAX_REGISTERED_EXPANSION = 16
 _CHUNK = 1 << 20
 
 
-class ArchiveTooLargeError(ValueError):
+class ArchiveTooLargeError(errors.DataError):
   """An archive that would extract to more than the dataset can hold."""
 
 
@@ -318,7 +320,7 @@ def extract_bounded(archive, members, to_path, limit, why,
     with open(target, "wb") as out:
       while chunk := handle.read(_CHUNK):
         if stopped():
-          raise ValueError("the preparation was stopped")
+          raise errors.DataError("the preparation was stopped")
         written += len(chunk)
         if written > limit:
           raise ArchiveTooLargeError(
@@ -402,7 +404,7 @@ def _local_download_manager(source_dir, download_dir, dataset_name,
 
     def _refuse(self, problem):
       self.problem = problem
-      raise ValueError(problem)
+      raise errors.DataError(problem)
 
     @property
     def _extractor(self):
@@ -438,7 +440,7 @@ def _local_download_manager(source_dir, download_dir, dataset_name,
   return LocalFiles(download_dir=download_dir, dataset_name=dataset_name)
 
 
-def prepare(name, data_dir=None, source_dir=None, echo=print):
+def prepare(name, data_dir=None, source_dir=None, echo=lambda line: None):
   """Prepares TFDS dataset NAME in DATA_DIR; the one step that may download.
 
   NAME is any TFDS dataset. Its files come from SOURCE_DIR if given (the
@@ -461,13 +463,14 @@ def prepare(name, data_dir=None, source_dir=None, echo=print):
       instead).
   """
   if name == datasets.SYNTHETIC:
-    raise ValueError(f"dataset {datasets.SYNTHETIC} is generated in process; "
-                     "there is nothing to prepare")
+    raise errors.DataError(
+        f"dataset {datasets.SYNTHETIC} is generated in process; "
+        "there is nothing to prepare")
   given = bool(data_dir)
   data_dir = (os.fspath(data_dir) if given
               else tfds_module().core.constants.DATA_DIR)
   if tf.io.gfile.exists(data_dir) and not tf.io.gfile.isdir(data_dir):
-    raise ValueError(_data_dir_is_a_file(name, data_dir, given))
+    raise errors.DataError(*_data_dir_is_a_file(name, data_dir, given))
   builder = _builder(name, data_dir)
   source_dir = _source_dir(name, source_dir)
   download_config = _download_config(name, data_dir, source_dir)
@@ -509,7 +512,7 @@ def _source_dir(name, source_dir):
   package is installed; else None (download)."""
   if source_dir is not None:
     if not os.path.isdir(source_dir):
-      raise ValueError(f"--source_dir={source_dir} is not a directory")
+      raise errors.DataError(f"--source_dir={source_dir} is not a directory")
     return source_dir
   if name in datasets.DEBIAN_SOURCES and os.path.isdir(
       datasets.DEBIAN_SOURCES[name][1]):
@@ -526,7 +529,7 @@ def _download_config(name, data_dir, source_dir):
     missing = [f for f in IMAGENET_ARCHIVES
                if not tf.io.gfile.exists(os.path.join(manual, f))]
     if missing:
-      raise ValueError(
+      raise errors.DataError(
           f"imagenet2012 needs {' and '.join(missing)} in {manual}: download "
           "them from image-net.org (registration required) and run this again")
     return tfds.download.DownloadConfig(manual_dir=manual)
@@ -566,7 +569,7 @@ def _preparing(data_dir):
     try:
       fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      raise ValueError(
+      raise errors.DataError(
           f"another prepare_data is preparing a dataset in --data_dir="
           f"{data_dir}; wait for it to finish, then run this again (a "
           "dataset it prepared is then left as it is)") from None
@@ -655,7 +658,7 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
     builder.download_and_prepare(download_config=download_config)
   except Exception as e:  # pylint: disable=broad-except
     if local is not None and local.problem:
-      raise ValueError(local.problem) from None
+      raise errors.DataError(local.problem) from None
     # Network failures surface as many different exception types; the user
     # needs one line and the way out, not TFDS's traceback.
     problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -664,7 +667,7 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
                                      cause.errno == errno.ENOSPC):
       cause = cause.__cause__ or cause.__context__
     if cause is not None or "No space left on device" in str(e):
-      raise ValueError(
+      raise errors.DataError(
           f"could not prepare {name} in {data_dir}: no space left on its "
           "device; free space (or pick another --data_dir) and run this "
           "again; nothing was kept from this attempt") from None
@@ -675,7 +678,7 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
               "on a machine without internet access prepare it elsewhere and "
               "copy the directory here, or pass --source_dir with the files "
               "it downloads")
-    raise ValueError(
+    raise errors.DataError(
         f"could not prepare {name} in {data_dir} ("
         f"{type(e).__name__}: {problem}); {advice}") from e
   finally:
@@ -721,8 +724,9 @@ def load_arrays(name, split, data_dir=None, num_examples=None):
   builder = prepared_builder(name, data_dir, split)
   info = info_from_builder(builder)
   if None in info.image_shape:
-    raise ValueError(f"{name} has images of varying size; they are streamed, "
-                     "not loaded into memory")
+    raise errors.DataError(
+        f"{name} has images of varying size; they are streamed, "
+        "not loaded into memory")
   size = builder.info.splits[split].num_examples
   stop = size if num_examples is None else min(num_examples, size)
   images, labels = tfds_arrays(builder, split, stop, info.image_shape)

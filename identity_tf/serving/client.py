@@ -23,7 +23,7 @@ its answers:
 
 Every failure a user can cause -- a file that is neither an image nor a
 .npy array, an unreachable server, an unknown model, a request the model
-rejects -- raises `ServingError` (a ValueError) with one line naming the
+rejects -- raises `errors.ServingError` (a ValueError) with one line naming the
 problem and the fix. Nothing here runs TensorFlow ops.
 """
 
@@ -41,7 +41,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from identity_tf import cli
+from identity_tf import errors
+from identity_tf import files
 from identity_tf.serving.contract import CLASSES_KEY
 from identity_tf.serving.contract import DEFAULT_SIGNATURE
 from identity_tf.serving.contract import IMAGES_SIGNATURE
@@ -69,10 +70,6 @@ _ASSERTION = re.compile(r"assertion failed: \[(.*)\]\s*$", re.MULTILINE)
 # Lines of TensorFlow error messages that only locate the failing op.
 _LOCATION_LINES = ("[[", "Detected at node", "<stack traces",
                    "Graph execution error")
-
-
-class ServingError(ValueError):
-  """A request could not be made or was refused; the message says why."""
 
 
 # ---------------------------------------------------------------------------
@@ -110,30 +107,32 @@ def read_input(path, display_name=None):
     with open(path, "rb") as f:
       data = f.read()
   except OSError as e:
-    raise ServingError(f"cannot read {name}: {e.strerror}") from None
+    raise errors.ServingError(f"cannot read {name}: {e.strerror}") from None
   if data.startswith(_NPY_MAGIC):
     try:
-      cli.check_array_file(path, name)  # Before numpy allocates anything.
+      files.check_array_file(path, name)  # Before numpy allocates anything.
     except ValueError as e:
-      raise ServingError(str(e)) from None
+      raise errors.ServingError(str(e)) from None
     try:
       array = np.load(path, allow_pickle=False)
     except ValueError as e:
-      raise ServingError(f"{name} is not a readable .npy array ({e})") from None
+      raise errors.ServingError(
+          f"{name} is not a readable .npy array ({e})") from None
     if array.ndim not in (3, 4) or array.shape[-1] != 3 or not (
         np.issubdtype(array.dtype, np.number)):
-      raise ServingError(
+      raise errors.ServingError(
           f"{name} holds a {array.dtype} array of shape {list(array.shape)}; "
           f"expected raw 0-255 RGB pixels [H, W, 3] or [batch, H, W, 3]")
     if array.ndim == 3:
       array = array[np.newaxis]
     if array.shape[0] == 0:
-      raise ServingError(f"{name} holds an empty batch; pass at least one "
-                         f"image")
+      raise errors.ServingError(
+          f"{name} holds an empty batch; pass at least one "
+          f"image")
     names = [f"{name}[{i}]" for i in range(array.shape[0])]
     return Input(name, "array", array.astype(np.float32), names)
   if image_format(data) is None:
-    raise ServingError(
+    raise errors.ServingError(
         f"{name} is neither a JPEG/PNG image nor a .npy array; pass image "
         f"files or .npy arrays of raw 0-255 pixels")
   return Input(name, "image", data, [name])
@@ -148,19 +147,19 @@ def choose_signature(inputs, signature=None):
   kinds = {item.kind for item in inputs}
   if signature is None:
     if kinds == {"image", "array"}:
-      raise ServingError(
+      raise errors.ServingError(
           "image files and .npy arrays need different signatures; pass them "
           "in separate commands (or convert the images to .npy)")
     return IMAGES_SIGNATURE if kinds == {"image"} else DEFAULT_SIGNATURE
   if signature not in SIGNATURES:
-    raise ServingError(f"unknown --signature={signature}; valid: "
-                       f"{', '.join(SIGNATURES)}")
+    raise errors.ServingError(f"unknown --signature={signature}; valid: "
+                              f"{', '.join(SIGNATURES)}")
   wanted = "image" if signature == IMAGES_SIGNATURE else "array"
   for item in inputs:
     if item.kind != wanted:
       what = ("encoded JPEG/PNG files" if wanted == "image"
               else ".npy arrays of raw 0-255 pixels")
-      raise ServingError(
+      raise errors.ServingError(
           f"{item.path}: --signature={signature} takes {what}; omit "
           f"--signature to pick the one that fits")
   return signature
@@ -202,14 +201,14 @@ def parse_rest_response(body):
   """(probabilities [n, classes] float32, classes [n] int64) of an answer."""
   predictions = body.get("predictions") if isinstance(body, dict) else None
   if not isinstance(predictions, list):
-    raise ServingError(f"the server's answer has no 'predictions' list: "
-                       f"{str(body)[:200]}")
+    raise errors.ServingError(f"the server's answer has no 'predictions' list: "
+                              f"{str(body)[:200]}")
   try:
     probabilities = np.array([row[PROBABILITIES_KEY] for row in predictions],
                              np.float32)
     classes = np.array([row[CLASSES_KEY] for row in predictions], np.int64)
   except (KeyError, TypeError, ValueError):
-    raise ServingError(
+    raise errors.ServingError(
         f"the server's predictions lack '{PROBABILITIES_KEY}' and "
         f"'{CLASSES_KEY}': is the model an identity_tf export?") from None
   return probabilities.reshape(len(predictions), -1), classes
@@ -254,7 +253,7 @@ def answer_limit(num_images):
 
 
 def _too_large(server, limit, what):
-  return ServingError(
+  return errors.ServingError(
       f"{server}'s answer is larger than {limit} bytes ({what}), far more "
       "than the probabilities of the images sent; is --server TF Serving "
       "serving an identity_tf export?")
@@ -310,11 +309,11 @@ def rest_predict(server, model_name, signature, batch, version=None,
     status = response.status
   except (http.client.HTTPException, OSError) as e:
     if expired.is_set() or isinstance(e, (socket.timeout, TimeoutError)):
-      raise ServingError(
+      raise errors.ServingError(
           f"no complete answer from {server} within {timeout:g} s (--timeout "
           f"bounds the whole request); is the server overloaded? (raise "
           f"--timeout)") from None
-    raise ServingError(
+    raise errors.ServingError(
         f"cannot reach TF Serving's REST API at {server} ({e}); start "
         f"tensorflow_model_server with --rest_api_port, or check --server"
     ) from None
@@ -322,7 +321,7 @@ def rest_predict(server, model_name, signature, batch, version=None,
     timer.cancel()
     connection.close()
   if expired.is_set():  # The timer fired as the last byte came.
-    raise ServingError(
+    raise errors.ServingError(
         f"no complete answer from {server} within {timeout:g} s (--timeout "
         f"bounds the whole request); is the server overloaded? (raise "
         f"--timeout)")
@@ -330,20 +329,21 @@ def rest_predict(server, model_name, signature, batch, version=None,
     message = _error_text(raw)
     if status == 404:
       raise _unknown_model(server, model_name, version, message)
-    raise ServingError(f"the server refused the request (HTTP {status}): "
-                       f"{message}")
+    raise errors.ServingError(
+        f"the server refused the request (HTTP {status}): "
+        f"{message}")
   try:
     body = json.loads(raw)
   except ValueError:
-    raise ServingError(f"{server} did not answer with JSON: is it TF "
-                       f"Serving's REST port?") from None
+    raise errors.ServingError(f"{server} did not answer with JSON: is it TF "
+                              f"Serving's REST port?") from None
   return parse_rest_response(body)
 
 
 def _unknown_model(server, model_name, version, message):
   what = f"model {model_name!r}" + (
       f" version {version}" if version is not None else "")
-  return ServingError(
+  return errors.ServingError(
       f"{server} does not serve {what} ({message}); check --model_name "
       f"(tensorflow_model_server's --model_name) and --model_version")
 
@@ -364,7 +364,8 @@ def tensor_value(proto):
                          tf.float64.as_datatype_enum,
                          tf.int32.as_datatype_enum,
                          tf.int64.as_datatype_enum):
-    raise ServingError(f"unexpected tensor dtype {proto.dtype} in the answer")
+    raise errors.ServingError(
+        f"unexpected tensor dtype {proto.dtype} in the answer")
   return tf.make_ndarray(proto)
 
 
@@ -384,7 +385,7 @@ def parse_grpc_response(response):
   """(probabilities, classes) of a `PredictResponse`."""
   for key in (PROBABILITIES_KEY, CLASSES_KEY):
     if key not in response.outputs:
-      raise ServingError(
+      raise errors.ServingError(
           f"the server's answer lacks '{key}' (it has "
           f"{', '.join(sorted(response.outputs)) or 'no outputs'}): is the "
           f"model an identity_tf export?")
@@ -410,13 +411,13 @@ def grpc_predict(server, model_name, signature, batch, version=None,
     except grpc.RpcError as e:
       code, details = e.code(), condense_error(e.details() or "")
       if code == grpc.StatusCode.UNAVAILABLE:
-        raise ServingError(
+        raise errors.ServingError(
             f"cannot reach TF Serving's gRPC API at {server} "
             f"({details or code.name}); start "
             f"tensorflow_model_server with --port, or check --server"
         ) from None
       if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        raise ServingError(
+        raise errors.ServingError(
             f"no answer from {server} within {timeout:g} s; is it a gRPC "
             f"port, and not overloaded? (raise --timeout)") from None
       if code == grpc.StatusCode.NOT_FOUND:
@@ -424,8 +425,9 @@ def grpc_predict(server, model_name, signature, batch, version=None,
       if (code == grpc.StatusCode.RESOURCE_EXHAUSTED and
           "larger than max" in details):
         raise _too_large(server, limit, details) from None
-      raise ServingError(f"the server refused the request ({code.name}): "
-                         f"{details}") from None
+      raise errors.ServingError(
+          f"the server refused the request ({code.name}): "
+          f"{details}") from None
   return parse_grpc_response(response)
 
 
@@ -449,10 +451,10 @@ def predict(server, model_name, inputs, *, protocol="rest", signature=None,
   message names its file.
   """
   if protocol not in PROTOCOLS:
-    raise ServingError(f"unknown --protocol={protocol}; valid: "
-                       f"{', '.join(PROTOCOLS)}")
+    raise errors.ServingError(f"unknown --protocol={protocol}; valid: "
+                              f"{', '.join(PROTOCOLS)}")
   if not inputs:
-    raise ServingError("no inputs: pass image files or .npy arrays")
+    raise errors.ServingError("no inputs: pass image files or .npy arrays")
   signature = choose_signature(inputs, signature)
   send = rest_predict if protocol == "rest" else grpc_predict
   results = []
@@ -461,11 +463,11 @@ def predict(server, model_name, inputs, *, protocol="rest", signature=None,
     try:
       probabilities, classes = send(server, model_name, signature, batch,
                                     version=version, timeout=timeout)
-    except ServingError as e:
-      raise ServingError(name_element(str(e), names)) from None
+    except errors.ServingError as e:
+      raise errors.ServingError(name_element(str(e), names)) from None
     if len(probabilities) != len(names):
-      raise ServingError(f"sent {len(names)} images but got "
-                         f"{len(probabilities)} predictions back")
+      raise errors.ServingError(f"sent {len(names)} images but got "
+                                f"{len(probabilities)} predictions back")
     _check_probabilities(server, probabilities, names)
     del classes  # The top-k below starts with it.
     results.extend(zip(names, probabilities))
@@ -480,17 +482,17 @@ def _check_probabilities(server, probabilities, names):
   the model diverged), and its numbers are no answer."""
   probabilities = np.asarray(probabilities, np.float64)
   if probabilities.ndim != 2 or probabilities.shape[1] == 0:
-    raise ServingError(
+    raise errors.ServingError(
         f"{server} answered no class probabilities for {names[0]}; is the "
         "served model an identity_tf export?")
   for name, row in zip(names, probabilities):
     if not np.all(np.isfinite(row)):
-      raise ServingError(
+      raise errors.ServingError(
           f"{server} answered NaN or infinite probabilities for {name}: the "
           "served model's weights are not finite (a diverged run?); export a "
           "finite checkpoint")
     if np.any(row < 0) or np.any(row > 1) or abs(row.sum() - 1) > 2e-2:
-      raise ServingError(
+      raise errors.ServingError(
           f"{server} answered values for {name} that are not probabilities "
           f"(they sum to {row.sum():.6g}); is the served model an "
           "identity_tf export?")
@@ -508,14 +510,14 @@ def read_class_names(model_info_path):
     with open(model_info_path) as f:
       info = json.load(f)
   except (OSError, ValueError) as e:
-    raise ServingError(f"cannot read --model_info={model_info_path}: "
-                       f"{e}") from None
+    raise errors.ServingError(f"cannot read --model_info={model_info_path}: "
+                              f"{e}") from None
   classes = info.get("classes", {}) if isinstance(info, dict) else None
   names = classes.get("names") if isinstance(classes, dict) else None
   if not isinstance(classes, dict) or not (
       names is None or (isinstance(names, list) and
                         all(isinstance(n, str) for n in names))):
-    raise ServingError(
+    raise errors.ServingError(
         f"--model_info={model_info_path} is not an export's model_info.json "
         '(an object whose "classes" has a list of "names"); pass the '
         "model_info.json of the served version, or omit --model_info")
@@ -531,20 +533,3 @@ def format_prediction(name, probabilities, k, class_names=None):
       text += f" ({class_names[label]})"
     parts.append(f"{text} {p:.4f}")
   return f"{name}: " + ", ".join(parts)
-
-
-def predict_command(server, model_name, paths, *, protocol="rest",
-                    signature=None, version=None, timeout=30.0, top_k=5,
-                    model_info=None, result=print):
-  """What //bin:serve_client does: sends the files PATHS (as the user typed
-  them) to MODEL_NAME on SERVER (`predict`) and gives RESULT one line per
-  image: its TOP_K classes with their probabilities, named from the export's
-  MODEL_INFO (model_info.json) if given. ServingError on any failure."""
-  inputs = [read_input(cli.resolve_path(path), display_name=path)
-            for path in paths]
-  names = (read_class_names(cli.resolve_path(model_info)) if model_info
-           else None)
-  for name, probabilities in predict(
-      server, model_name, inputs, protocol=protocol, signature=signature,
-      version=version, timeout=timeout):
-    result(format_prediction(name, probabilities, top_k, names))

@@ -2,8 +2,8 @@
 
 `export_run(model_dir, export_dir)` restores the run's checkpoint
 (`checkpoints.restore_model`) and writes `EXPORT_DIR/<version>/`, the layout TF
-Serving's `--model_base_path` expects (`export_command`: and says so, as
-//bin:export does), holding:
+Serving's `--model_base_path` expects (`commands.export.export_command`
+says so, as //bin:export does), holding:
 
 * a SavedModel whose signatures carry the run's evaluation preprocessing, so
   clients send raw pixels or image files and never re-implement it:
@@ -32,14 +32,13 @@ import datetime
 import json
 import os
 import re
-import shlex
 import shutil
 import uuid
 
 import keras
 import tensorflow as tf
 
-from identity_tf import cli
+from identity_tf import errors
 from identity_tf.data import datasets
 from identity_tf.data import preprocessing as prep
 from identity_tf.serving import contract
@@ -88,13 +87,14 @@ def choose_version(export_dir, version=None, overwrite=False):
   Raises ValueError if VERSION exists and not OVERWRITE, or is not positive.
   """
   if not _is_local(export_dir):
-    raise ValueError(
+    raise errors.ServingError(
         f"--export_dir={export_dir} is not a local directory; export "
         f"locally (the atomic rename needs a POSIX filesystem), then copy the "
         f"finished version directory")
   if os.path.exists(export_dir) and not os.path.isdir(export_dir):
-    raise ValueError(f"--export_dir={export_dir} is a file, not a directory: "
-                     "give TF Serving's model base path, a directory")
+    raise errors.ServingError(
+        f"--export_dir={export_dir} is a file, not a directory: "
+        "give TF Serving's model base path, a directory")
   names = _version_names(export_dir)
   versions = sorted(v for v, is_dir in names.items() if is_dir)
   # A file named by a number takes that number too (the version directory
@@ -102,21 +102,22 @@ def choose_version(export_dir, version=None, overwrite=False):
   following = max(names) + 1 if names else 1
   if version is None:
     if following > MAX_VERSION:
-      raise ValueError(
+      raise errors.ServingError(
           f"{export_dir} already holds version {MAX_VERSION}, the largest "
           "TF Serving loads; pass --version with a free number")
     return following
   version = int(version)
   if not 1 <= version <= MAX_VERSION:
-    raise ValueError(f"--version must be between 1 and {MAX_VERSION} (TF "
-                     f"Serving reads it as int64), got {version}")
+    raise errors.ServingError(
+        f"--version must be between 1 and {MAX_VERSION} (TF "
+        f"Serving reads it as int64), got {version}")
   if version in names and not names[version]:
-    raise ValueError(
+    raise errors.ServingError(
         f"{os.path.join(export_dir, str(version))} is a file, not a version "
         f"directory; remove it, or pass another --version (the next free is "
         f"{following})")
   if version in versions and not overwrite:
-    raise ValueError(
+    raise errors.ServingError(
         f"version {version} already exists in {export_dir}; pass --overwrite "
         f"or omit --version (the next is {following})")
   return version
@@ -288,7 +289,7 @@ def model_info(run, step, *, version, checkpoint=None, num_classes=None):
   # by training in config.json.
   names = list(dataset.class_names) if dataset else None
   if names is not None and len(names) != num_classes:
-    raise ValueError(
+    raise errors.ServingError(
         f"the model has {num_classes} classes but {dataset.name} has "
         f"{len(names)} label names; is config.json from this run?")
   size = int(preprocessing["image_size"])
@@ -392,7 +393,7 @@ def export_model(model, run, step, export_dir, *, version=None,
     shutil.rmtree(temporary, ignore_errors=True)
     reason = (getattr(e, "strerror", None) or
               (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
-    raise ValueError(
+    raise errors.OutputError(
         f"cannot write version {version} into --export_dir={export_dir} "
         f"({type(e).__name__}: {reason}); free space, fix the directory or "
         "its permissions, or pick another --export_dir; nothing was "
@@ -419,7 +420,7 @@ def _move_into_place(temporary, export_dir, version, overwrite):
     if replaced is not None:
       os.rename(replaced, final)
     if os.path.exists(final):
-      raise ValueError(
+      raise errors.ServingError(
           f"version {version} appeared in {export_dir} while exporting "
           f"(another export?); run again for the next version") from None
     raise
@@ -437,8 +438,9 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
   from identity_tf.training import checkpoints  # pylint: disable=g-import-not-at-top
   choose_version(export_dir, version, overwrite)  # Fail before restoring.
   if not tf.io.gfile.isdir(model_dir):
-    raise ValueError(f"--model_dir={model_dir} does not exist; pass the "
-                     f"directory of a training run ({cli.command('train')})")
+    raise errors.ServingError(
+        f"--model_dir={model_dir} does not exist; pass the directory of a "
+        "training run (", errors.Command("train"), ")")
   path = checkpoints.find_checkpoint(model_dir, checkpoint, echo)
   model, run, step = checkpoints.restore_checkpoint(model_dir, path)
   version, version_dir = export_model(
@@ -447,26 +449,3 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
   with open(os.path.join(version_dir, MODEL_INFO_FILE)) as f:
     info = json.load(f)
   return version, version_dir, info
-
-
-def export_command(model_dir, export_dir, *, checkpoint=None, version=None,
-                   overwrite=False, note=cli.print_stderr, result=print):
-  """What //bin:export does: `export_run`, then RESULT receives what was
-  exported where, the facts a client needs (JSON) and the commands that
-  serve and inspect it; NOTE the checkpoints skipped as damaged."""
-  version, path, info = export_run(
-      model_dir, export_dir, checkpoint=checkpoint, version=version,
-      overwrite=overwrite, echo=lambda line: note(f"note: {line}; skipped"))
-  result(f"exported step {info['step']} of {model_dir} as version {version}: "
-         f"{path}")
-  result(json.dumps({"classes": info["classes"]["count"],
-                     "input": info["input"], "preset": info["preset"]}))
-  stale = stale_temporary_dirs(export_dir)
-  if stale:
-    result(f"note: {len(stale)} unfinished export(s) left by killed runs "
-           f"(ignored by TF Serving; safe to delete): {', '.join(stale)}")
-  name = os.path.basename(os.path.normpath(export_dir))
-  result(f"serve:   tensorflow_model_server --port=8500 --rest_api_port=8501 "
-         f"{shlex.quote(f'--model_name={name}')} "
-         f"{shlex.quote(f'--model_base_path={export_dir}')}")
-  result(f"inspect: saved_model_cli show --dir {shlex.quote(path)} --all")

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from identity_tf import errors
 from identity_tf.theory import construction
 from identity_tf.theory import parallel
 
@@ -76,8 +77,9 @@ def reduction(x, dim, method, seed=0, axes=None):
   if dim == d:
     return None
   if not 1 <= dim < d:
-    raise ValueError(f"cannot reduce d = {d} inputs to {dim} coordinates; "
-                     f"give a dimension in [1, {d}]")
+    raise errors.ConfigError(
+        f"cannot reduce d = {d} inputs to {dim} coordinates; "
+        f"give a dimension in [1, {d}]")
   if method == "pca":
     mean, vectors = principal_axes(x) if axes is None else axes
     return Reduction("pca", mean, vectors[:, :dim])
@@ -85,7 +87,8 @@ def reduction(x, dim, method, seed=0, axes=None):
     gaussian = np.random.default_rng((int(seed), dim)).standard_normal(
         (d, dim))
     return Reduction("random", np.zeros(d), gaussian / math.sqrt(dim))
-  raise ValueError(f"--reduce={method} is not one of {', '.join(REDUCTIONS)}")
+  raise errors.ConfigError(
+      f"--reduce={method} is not one of {', '.join(REDUCTIONS)}")
 
 
 def formula_parameters(n_distinct, d, k, r):
@@ -141,13 +144,14 @@ def parse_positive_list(values, flag):
   for value in values or ():
     text = str(value).strip()
     if not text.isdigit() or int(text) < 1:
-      raise ValueError(f"--{flag}={given}: {text!r} is not a positive "
-                       f"integer; give a comma-separated list such as "
-                       f"--{flag}=1000,3000")
+      raise errors.ConfigError(f"--{flag}={given}: {text!r} is not a positive "
+                               f"integer; give a comma-separated list such as "
+                               f"--{flag}=1000,3000")
     numbers.append(int(text))
   if not numbers:
-    raise ValueError(f"--{flag} is empty; give a comma-separated list such "
-                     f"as --{flag}=1000,3000")
+    raise errors.ConfigError(
+        f"--{flag} is empty; give a comma-separated list such "
+        f"as --{flag}=1000,3000")
   return sorted(set(numbers))
 
 
@@ -155,13 +159,15 @@ def check_sweep(sizes, dims, available, d, source):
   """ValueError (one line) unless every n of SIZES is at most the AVAILABLE
   training points of SOURCE and every dimension of DIMS at most their d."""
   if sizes[-1] > available:
-    raise ValueError(f"--sweep_n asks for {sizes[-1]} points but {source} "
-                     f"has {available} training points; give sizes up to "
-                     f"{available}")
+    raise errors.ConfigError(
+        f"--sweep_n asks for {sizes[-1]} points but {source} "
+        f"has {available} training points; give sizes up to "
+        f"{available}")
   if dims[-1] > d:
-    raise ValueError(f"--sweep_dims asks for {dims[-1]} coordinates but the "
-                     f"inputs have d = {d}; give dimensions up to {d} (d: "
-                     f"the raw inputs)")
+    raise errors.ConfigError(
+        f"--sweep_dims asks for {dims[-1]} coordinates but the "
+        f"inputs have d = {d}; give dimensions up to {d} (d: "
+        f"the raw inputs)")
 
 
 # ------------------------------------------------------------------ sweep
@@ -331,7 +337,7 @@ def run_sweep(x, y, r, output_dir, sizes, dims, *, method="pca", seed=0,
              f"separation against n")
   unfit = [row for row in rows if "parameters" in row and not row["fitted"]]
   if unfit:
-    raise ValueError(
+    raise errors.ConfigError(
         f"the network built for n = {unfit[0]['n']}, d = {unfit[0]['d']} "
         f"fits only {unfit[0]['training_accuracy']:.6f} of its points; this "
         f"is a bug ({json_path})")

@@ -27,7 +27,9 @@ import json
 import numpy as np
 import tensorflow as tf
 
-from identity_tf import cli
+from identity_tf import configs
+from identity_tf import errors
+from identity_tf import files
 
 DTYPE = tf.float64
 FAMILIES = ("residual", "plain")
@@ -260,9 +262,10 @@ def _teacher_targets(draw, x, residual):
     baseline = float(np.mean(np.square(y - (x if residual else 0.0))))
     if baseline > 1e-20:
       return teacher, y, baseline
-  raise ValueError(f"{TEACHER_DRAWS} random teachers in a row compute the "
-                   "zero-weight network's function; give a larger "
-                   "--teacher_norm or --hidden")
+  raise errors.ConfigError(
+      f"{TEACHER_DRAWS} random teachers in a row compute the "
+      "zero-weight network's function; give a larger "
+      "--teacher_norm or --hidden")
 
 
 def make_task(depth, width, hidden, init_norms, seeds, samples, teacher_norm):
@@ -426,7 +429,7 @@ def check_grid(depths, widths, hidden, init_norms, seeds, samples, steps,
       ("--stall_gradient", stall_gradient >= 0, ">= 0"))
   for flag, ok, wanted in checks:
     if not ok:
-      raise ValueError(f"{flag} must be {wanted}")
+      raise errors.ConfigError(f"{flag} must be {wanted}")
 
 
 def run_probe(depths, widths, init_norms, seeds, samples, steps,
@@ -562,13 +565,13 @@ def probe_command(settings, *, output_path=None, output_as_typed=None,
              ("plot", plot_path, plot_as_typed))
   for name, path, as_typed in outputs:
     if path:
-      cli.check_output_file(path, f"--{name}={as_typed or path}")
+      files.check_output_file(path, f"--{name}={as_typed or path}")
   values = {name: (DEFAULTS.get(name) if settings.get(name) is None
                    else settings[name])
             for name in (*DEFAULTS, "hidden")}
   for name, kind, example in (("depths", int, "2,4"), ("widths", int, "2,4"),
                               ("init_norms", float, "0.01,0.1")):
-    values[name] = cli.parse_numbers(values[name], kind, name, example)
+    values[name] = configs.parse_numbers(values[name], kind, name, example)
   report, curves = run_probe(
       values["depths"], values["widths"], values["init_norms"],
       values["seeds"], values["samples"], values["steps"],
@@ -587,11 +590,12 @@ def probe_command(settings, *, output_path=None, output_as_typed=None,
   for name, path, as_typed in outputs:
     if path:
       write, suffix = writers[name]
-      cli.write_whole(path, write, f"--{name}={as_typed or path}", suffix)
+      files.write_whole(path, write, f"--{name}={as_typed or path}", suffix)
       log(f"wrote {path}")
   emit(report)
   if report["totals"]["residual"]["diverged"]:
-    raise ValueError(f"{report['totals']['residual']['diverged']} residual "
-                     "runs diverged; lower --learning_rate (it was "
-                     f"{values['learning_rate']:g})")
+    raise errors.ConfigError(
+        f"{report['totals']['residual']['diverged']} residual "
+        "runs diverged; lower --learning_rate (it was "
+        f"{values['learning_rate']:g})")
   return report

@@ -41,6 +41,7 @@ import time
 
 import numpy as np
 
+from identity_tf import errors
 from identity_tf.theory import parallel
 
 # Unit roundoff of float64.
@@ -71,7 +72,7 @@ CHUNK = 4096
 
 def _check(condition, message):
   if not condition:
-    raise ValueError(message)
+    raise errors.ConfigError(message)
 
 
 # ---------------------------------------------------------------- input
@@ -138,7 +139,7 @@ def deduplicate(x, y):
   if conflict.size:
     i = int(conflict[0])
     j = int(first[inverse[i]])
-    raise ValueError(
+    raise errors.ConfigError(
         f"inputs {min(i, j)} and {max(i, j)} are identical but labelled "
         f"{y[min(i, j)]} and {y[max(i, j)]}; no function fits both: remove "
         f"or relabel one of them")
@@ -492,7 +493,7 @@ def _measure_separation(z, x, y, distinct, log):
   k = lossless_width(n, dim)
   if n > 1 and rho < smallest_separation(k):
     a, b = sorted(closest)
-    raise ValueError(
+    raise errors.ConfigError(
         f"inputs {a} and {b} (labels {y[a]} and {y[b]}) are {rho:.3g} apart "
         f"on the unit sphere (input distance "
         f"{np.linalg.norm(x[a] - x[b]):.3g}), below the smallest separation "
@@ -602,7 +603,7 @@ def _draw_keeping_the_lemma(z, labels, r, separation, seed, log, tried=0):
         f"{reason}; redrawing")
     if (draw + 1) % DRAWS_PER_WIDTH == 0:
       k = min(2 * k, dim) if k < dim else k + dim
-  raise ValueError(
+  raise errors.ConfigError(
       f"no projection out of {MAX_DRAWS} draws kept the separation "
       f"(rho = {separation.rho:.3g}; last: {reasons[-1]}); the inputs are too "
       f"close for float64")

@@ -6,9 +6,9 @@ verifies the framework-free weights.npz on every training point, builds and
 checks the Keras model (`construction_model`), measures its top-1 accuracy on
 held-out points, optionally trains the same architecture by SGD for contrast
 (`construction_sgd`), and returns the report it writes. `read_npz` and
-`load_dataset` read the two kinds of input; `construct_command` is the
-binary: read, `run` (or `capacity.run_sweep` for --sweep_n), print the
-summary.
+`load_dataset` read the two kinds of input; `construct_command` is what
+the binary runs: read, `run` (or `capacity.run_sweep` for --sweep_n), emit
+the summary.
 """
 
 import json
@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from identity_tf import cli
+from identity_tf import errors
+from identity_tf import files
 from identity_tf.theory import capacity
 from identity_tf.theory import construction
 
@@ -25,21 +26,22 @@ from identity_tf.theory import construction
 def read_npz(path):
   """(x, y) of an .npz with `x` (n, d) and `y` (n,); ValueError if not."""
   if not os.path.exists(path):
-    raise ValueError(f"--data={path} does not exist")
+    raise errors.ConfigError(f"--data={path} does not exist")
   with open(path, "rb") as f:
     if f.read(2) != b"PK":  # Every .npz is a zip archive.
-      raise ValueError(f"--data={path} is not an .npz archive (a text "
-                       "file?); save it with numpy.savez(path, x=x, y=y)")
-  cli.check_array_file(path, f"--data={path}")  # Before numpy allocates.
+      raise errors.ConfigError(
+          f"--data={path} is not an .npz archive (a text "
+          "file?); save it with numpy.savez(path, x=x, y=y)")
+  files.check_array_file(path, f"--data={path}")  # Before numpy allocates.
   try:
     with np.load(path, allow_pickle=False) as data:
       missing = [key for key in ("x", "y") if key not in data.files]
       if not missing:
         return data["x"], data["y"]
   except Exception as error:  # pylint: disable=broad-except
-    raise ValueError(f"--data={path} is not a readable .npz file "
-                     f"({type(error).__name__}: {error})") from None
-  raise ValueError(
+    raise errors.ConfigError(f"--data={path} is not a readable .npz file "
+                             f"({type(error).__name__}: {error})") from None
+  raise errors.ConfigError(
       f"--data={path} has no key(s) {', '.join(missing)}; it needs x (n, d) "
       f"float and y (n,) integer labels (np.savez(path, x=x, y=y))")
 
@@ -67,22 +69,23 @@ def load_dataset(name, num_examples, data_dir=None, test=False):
   """
   from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
   if num_examples is not None and num_examples < 1:
-    raise ValueError(f"--num_examples must be >= 1, got {num_examples}")
+    raise errors.ConfigError(f"--num_examples must be >= 1, got {num_examples}")
   info = tfds_data.dataset_info(name, data_dir)
   split = info.eval_split if test else info.train_split
   if split is None:
-    raise ValueError(f"dataset {name!r} has no held-out split to measure "
-                     f"test accuracy on; pass --test_examples=0")
+    raise errors.ConfigError(
+        f"dataset {name!r} has no held-out split to measure "
+        f"test accuracy on; pass --test_examples=0")
   images, labels, info = tfds_data.load_arrays(
       name, split, data_dir, num_examples)
   if not len(labels):
-    raise ValueError(f"dataset {name!r} has no {split} examples")
+    raise errors.ConfigError(f"dataset {name!r} has no {split} examples")
   x = images.reshape(len(images), -1).astype(np.float64)
   return x, labels.astype(np.int64), info.num_classes
 
 
-def _print_json(summary):
-  print(json.dumps(summary), flush=True)
+def _ignore(_):
+  pass
 
 
 # The report's figures //bin:construct prints on stdout, as one JSON line
@@ -97,7 +100,7 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
                       dataset=None, num_examples=1000, data_dir=None,
                       num_classes=None, test_examples=-1, sweep_n=None,
                       sweep_dims=None, reduce="pca", reduced_dim=None,
-                      log=None, emit=None, **options):
+                      log, emit, **options):
   """//bin:construct: fits the points of DATA or of DATASET, writes the network.
 
   DATA: an .npz with x and y (and optionally x_test, y_test), recorded in
@@ -112,14 +115,12 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
   to `run`. Emits the summary and returns the
   report; raises ValueError (one line) for bad flags or input, and for a
   network that does not fit every checked training point (a bug). LOG
-  (progress lines) defaults to stderr, EMIT (the summary) to one JSON line
-  on stdout.
+  receives the progress lines, EMIT the summary (//bin:construct: stderr,
+  and one JSON line on stdout).
   """
-  log = log or cli.print_stderr
-  emit = emit or _print_json
   if (data is None) == (dataset is None):
-    raise ValueError("give exactly one of --data=points.npz or "
-                     "--dataset=NAME --num_examples=N")
+    raise errors.ConfigError("give exactly one of --data=points.npz or "
+                             "--dataset=NAME --num_examples=N")
   sizes, dims = _check_sweep_flags(sweep_n, sweep_dims, reduced_dim)
   if sizes:
     num_examples = sizes[-1]
@@ -130,7 +131,7 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
     x, y, r = construction.validate(x, y, num_classes)
     dims = dims or [x.shape[1]]
     capacity.check_sweep(sizes, dims, len(x), x.shape[1], source)
-    cli.prepare_output_dir(output_dir)
+    files.prepare_output_dir(output_dir)
     summary = capacity.run_sweep(
         x, y, r, output_dir, sizes, dims, method=reduce,
         seed=options.get("seed", 0), x_test=x_test, y_test=y_test,
@@ -142,8 +143,9 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
   if reduced_dim is not None:
     x, y, _ = construction.validate(x, y, num_classes)
     if reduced_dim > x.shape[1]:
-      raise ValueError(f"--reduced_dim={reduced_dim} exceeds the inputs' "
-                       f"d = {x.shape[1]}; give at most {x.shape[1]}")
+      raise errors.ConfigError(
+          f"--reduced_dim={reduced_dim} exceeds the inputs' "
+          f"d = {x.shape[1]}; give at most {x.shape[1]}")
     mapping = capacity.reduction(x, reduced_dim, reduce,
                                  options.get("seed", 0))
   report = run(x, y, output_dir, num_classes=num_classes, source=source,
@@ -152,7 +154,7 @@ def construct_command(output_dir, *, data=None, data_as_typed=None,
   emit({key: report[key] for key in SUMMARY_KEYS if key in report})
   if report["training_accuracy"] < 1.0 or report["keras_accuracy"] not in (
       None, 1.0):
-    raise ValueError(
+    raise errors.ConfigError(
         f"the constructed network fits only "
         f"{report['training_accuracy']:.6f} of the training points "
         f"(model.keras: {report['keras_accuracy']}); this is a bug")
@@ -173,12 +175,14 @@ def _check_sweep_flags(sweep_n, sweep_dims, reduced_dim):
   ValueError (one line) for flags that do not go together."""
   if sweep_n is None:
     if sweep_dims is not None:
-      raise ValueError("--sweep_dims needs --sweep_n (the sizes n to sweep); "
-                       "for one construction use --reduced_dim")
+      raise errors.ConfigError(
+          "--sweep_dims needs --sweep_n (the sizes n to sweep); "
+          "for one construction use --reduced_dim")
     return None, None
   if reduced_dim is not None:
-    raise ValueError("--reduced_dim is for one construction; with --sweep_n "
-                     "give the dimensions as --sweep_dims")
+    raise errors.ConfigError(
+        "--reduced_dim is for one construction; with --sweep_n "
+        "give the dimensions as --sweep_dims")
   # --sgd_steps is allowed: the sweep trains SGD at its smallest n
   # (`capacity.sweep`).
   sizes = capacity.parse_positive_list(sweep_n, "sweep_n")
@@ -220,17 +224,19 @@ def _check_held_out(x, x_test, y_test, source):
   try:
     x_test, _, _ = construction.validate(x_test, y_test)
   except ValueError as error:
-    raise ValueError(f"--data={source}: x_test, y_test: {error}") from None
+    raise errors.ConfigError(
+        f"--data={source}: x_test, y_test: {error}") from None
   if x_test.shape[1] != np.shape(x)[1]:
-    raise ValueError(f"--data={source}: x_test has {x_test.shape[1]} "
-                     f"coordinates but x has {np.shape(x)[1]}; the test "
-                     f"points must be in the training points' space")
+    raise errors.ConfigError(
+        f"--data={source}: x_test has {x_test.shape[1]} "
+        f"coordinates but x has {np.shape(x)[1]}; the test "
+        f"points must be in the training points' space")
 
 
 def run(x, y, output_dir, *, num_classes=None, seed=0, source=None,
         x_test=None, y_test=None, reduction=None, johnson_lindenstrauss=False,
         keras_check_examples=2000, sgd_steps=0, sgd_batch_size=128,
-        sgd_learning_rate=0.1, log=print):
+        sgd_learning_rate=0.1, log=_ignore):
   """Builds, checks and writes the network that fits (X, Y); returns the report.
 
   REDUCTION (a `capacity.Reduction`, or None): the map applied to X and
@@ -245,7 +251,7 @@ def run(x, y, output_dir, *, num_classes=None, seed=0, source=None,
   # Imported before the clock starts: TensorFlow's import is not the
   # construction's time.
   from identity_tf.theory import construction_model  # pylint: disable=g-import-not-at-top,unused-import
-  cli.prepare_output_dir(output_dir)
+  files.prepare_output_dir(output_dir)
   x, x_test, reduced = _reduce(reduction, x, x_test, output_dir, log)
   started, cpu_started = time.time(), time.process_time()
   result = construction.construct(

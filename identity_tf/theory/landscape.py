@@ -31,6 +31,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
 from identity_tf.theory import linear
 
 DTYPE = linear.DTYPE
@@ -60,8 +61,9 @@ def random_target(d, rng, condition=2.0, rotation=1.0):
   pi / |||A|||.)
   """
   if not condition >= 1 or not 0 <= rotation <= math.pi:
-    raise ValueError(f"need condition >= 1 and 0 <= rotation <= pi; got "
-                     f"condition = {condition}, rotation = {rotation}")
+    raise errors.ConfigError(
+        f"need condition >= 1 and 0 <= rotation <= pi; got "
+        f"condition = {condition}, rotation = {rotation}")
   half = math.log(condition) / 2.0
   log_s = rng.uniform(-half, half, d)
   log_s[0] = half
@@ -389,7 +391,7 @@ def check_positive_definite(sigma):
   values = np.linalg.eigvalsh(sigma)
   tolerance = len(values) * np.finfo(np.float64).eps * max(values[-1], 0.0)
   if not values[0] > tolerance:
-    raise ValueError(
+    raise errors.ConfigError(
         f"Sigma is not positive definite: its smallest eigenvalue is "
         f"{values[0]:.3g} (at most d eps sigma_max = {tolerance:.3g}), and "
         f"(2.3)'s mu = 4 l (1 - tau)^(2l-2) sigma_min(Sigma) needs "
@@ -398,14 +400,16 @@ def check_positive_definite(sigma):
 
 def _check_grid(depths, taus, starts, steps, epsilon, step_size):
   if not depths or any(int(l) != l or l < 1 for l in depths):
-    raise ValueError(f"depths must be integers >= 1, got {list(depths)}")
+    raise errors.ConfigError(
+        f"depths must be integers >= 1, got {list(depths)}")
   if not taus or any(not 0 <= t < 1 for t in taus):
-    raise ValueError(f"taus must be in [0, 1) (Theorem 2.2's tau < 1), got "
-                     f"{list(taus)}")
+    raise errors.ConfigError(
+        f"taus must be in [0, 1) (Theorem 2.2's tau < 1), got "
+        f"{list(taus)}")
   if starts < 1 or steps < 1 or not epsilon > 0:
-    raise ValueError("need starts >= 1, steps >= 1 and epsilon > 0")
+    raise errors.ConfigError("need starts >= 1, steps >= 1 and epsilon > 0")
   if step_size is not None and not step_size > 0:
-    raise ValueError("step_size must be positive")
+    raise errors.ConfigError("step_size must be positive")
 
 
 def run_landscape(r, sigma, depths, taus, starts, steps, epsilon, seed=0,
@@ -429,9 +433,10 @@ def run_landscape(r, sigma, depths, taus, starts, steps, epsilon, seed=0,
   linear.check_invertible(np.linalg.svd(r, compute_uv=False))
   sign, _ = np.linalg.slogdet(r)
   if sign <= 0:
-    raise ValueError("det R <= 0: no product (I + A_l)...(I + A_1) with "
-                     "|||A||| < 1 reaches it; give R with det R > 0 (the "
-                     "det R < 0 contrast is built from it)")
+    raise errors.ConfigError(
+        "det R <= 0: no product (I + A_l)...(I + A_1) with "
+        "|||A||| < 1 reaches it; give R with det R > 0 (the "
+        "det R < 0 contrast is built from it)")
   say = progress or (lambda message: None)
   flipped = flip_determinant(r)
   floor = negative_det_floor(flipped, sigma)

@@ -33,6 +33,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
+
 DTYPE = tf.float64
 NOISE_VARIANCE = 1.0  # xi ~ N(0, I_d): E||xi||^2 = d, the constant C of Claim 2.3.
 
@@ -51,15 +53,17 @@ def check_matrix(matrix, name="R"):
   try:
     matrix = _tensor(matrix)
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{name} must be a real d x d matrix: {e}") from None
+    raise errors.ConfigError(
+        f"{name} must be a real d x d matrix: {e}") from None
   if matrix.shape.rank != 2 or matrix.shape[0] != matrix.shape[1]:
-    raise ValueError(f"{name} must be a square d x d matrix, got shape "
-                     f"{tuple(matrix.shape)}")
+    raise errors.ConfigError(f"{name} must be a square d x d matrix, got shape "
+                             f"{tuple(matrix.shape)}")
   if matrix.shape[0] == 0:
-    raise ValueError(f"{name} must be at least 1 x 1, got shape (0, 0)")
+    raise errors.ConfigError(f"{name} must be at least 1 x 1, got shape (0, 0)")
   if not bool(tf.reduce_all(tf.math.is_finite(matrix))):
-    raise ValueError(f"{name} has non-finite entries (NaN or inf); give a "
-                     f"matrix of finite numbers")
+    raise errors.ConfigError(
+        f"{name} has non-finite entries (NaN or inf); give a "
+        f"matrix of finite numbers")
   return matrix
 
 
@@ -67,22 +71,25 @@ def check_layers(a):
   """A as a float64 (l, d, d) tensor with l >= 1; ValueError otherwise."""
   a = _tensor(a)
   if a.shape.rank != 3 or a.shape[1] != a.shape[2] or a.shape[0] == 0:
-    raise ValueError(f"layers A must have shape (l, d, d) with l >= 1, got "
-                     f"{tuple(a.shape)}")
+    raise errors.ConfigError(
+        f"layers A must have shape (l, d, d) with l >= 1, got "
+        f"{tuple(a.shape)}")
   if not bool(tf.reduce_all(tf.math.is_finite(a))):
-    raise ValueError("layers A have non-finite entries (NaN or inf)")
+    raise errors.ConfigError("layers A have non-finite entries (NaN or inf)")
   return a
 
 
 def check_covariance(sigma, d):
   sigma = check_matrix(sigma, "Sigma")
   if sigma.shape[0] != d:
-    raise ValueError(f"Sigma must be {d} x {d} like R, got {tuple(sigma.shape)}")
+    raise errors.ConfigError(
+        f"Sigma must be {d} x {d} like R, got {tuple(sigma.shape)}")
   if float(tf.reduce_max(tf.abs(sigma - tf.transpose(sigma)))) > 1e-10 * (
       1.0 + float(tf.reduce_max(tf.abs(sigma)))):
-    raise ValueError("Sigma must be symmetric (it is E[x x^T])")
+    raise errors.ConfigError("Sigma must be symmetric (it is E[x x^T])")
   if float(tf.reduce_min(tf.linalg.eigvalsh(sigma))) < 0:
-    raise ValueError("Sigma must be positive semi-definite (it is E[x x^T])")
+    raise errors.ConfigError(
+        "Sigma must be positive semi-definite (it is E[x x^T])")
   return sigma
 
 
@@ -232,8 +239,9 @@ def risk_and_gradient(a, r, sigma):
   r = check_matrix(r)
   sigma = check_covariance(sigma, r.shape[0])
   if a.shape[-1] != r.shape[0]:
-    raise ValueError(f"layers are {a.shape[-1]} x {a.shape[-1]} but R is "
-                     f"{r.shape[0]} x {r.shape[0]}")
+    raise errors.ConfigError(
+        f"layers are {a.shape[-1]} x {a.shape[-1]} but R is "
+        f"{r.shape[0]} x {r.shape[0]}")
   excess, gradient = _excess_risk_and_gradient(a, r, sigma)
   return float(excess) + optimal_risk(r.shape[0]), gradient
 
@@ -375,10 +383,12 @@ def orthogonal_log(o):
   defect = float(tf.reduce_max(tf.abs(
       tf.matmul(o, o, transpose_a=True) - tf.eye(d, dtype=DTYPE))))
   if defect > 1e-8:
-    raise ValueError(f"O is not orthogonal: max|O^T O - I| = {defect:.3g}")
+    raise errors.ConfigError(
+        f"O is not orthogonal: max|O^T O - I| = {defect:.3g}")
   if float(tf.linalg.det(o)) <= 0:
-    raise ValueError("O has det -1: it has no real logarithm (det expm(L) = "
-                     "exp(trace L) = 1 for skew L)")
+    raise errors.ConfigError(
+        "O has det -1: it has no real logarithm (det expm(L) = "
+        "exp(trace L) = 1 for skew L)")
   cosines, q = tf.linalg.eigh(0.5 * (o + tf.transpose(o)))
   threshold = _split_point(cosines.numpy().tolist())
   near_pi = int(tf.reduce_sum(tf.cast(cosines < threshold, tf.int32)))
@@ -390,8 +400,9 @@ def orthogonal_log(o):
     log += tf.matmul(basis, tf.matmul(part, basis, transpose_b=True))
   if near_pi:
     if near_pi % 2:
-      raise ValueError("O has an odd number of rotation angles near pi; it is "
-                       "not orthogonal with det +1 to working precision")
+      raise errors.ConfigError(
+          "O has an odd number of rotation angles near pi; it is "
+          "not orthogonal with det +1 to working precision")
     basis = q[:, :near_pi]
     w = -tf.matmul(basis, tf.matmul(o, basis), transpose_a=True)
     log_w = _log_away_from_minus_one(w)
@@ -431,8 +442,9 @@ def _check_layer_count(layers):
   except (TypeError, ValueError, OverflowError):
     valid = False
   if not valid:
-    raise ValueError(f"the number of layers must be an integer >= 1, got "
-                     f"{layers!r}")
+    raise errors.ConfigError(
+        f"the number of layers must be an integer >= 1, got "
+        f"{layers!r}")
   return int(layers)
 
 
@@ -449,7 +461,7 @@ def check_invertible(singular):
   singular = np.asarray(singular, np.float64)
   tolerance = singular.size * np.finfo(np.float64).eps * singular[0]
   if singular[-1] <= tolerance:
-    raise ValueError(
+    raise errors.ConfigError(
         f"R is singular to working precision: sigma_min(R) = "
         f"{singular[-1]:.3g} <= d eps sigma_max(R) = {tolerance:.3g} (its "
         f"rank is below d = {singular.size} up to rounding), and a product "
@@ -484,7 +496,7 @@ def factorize(r, layers):
     det_text = (f"{-math.exp(float(log_abs_det)):.4g}"
                 if float(log_abs_det) < 700
                 else f"-exp({float(log_abs_det):.4g})")
-    raise ValueError(
+    raise errors.ConfigError(
         f"det R = {det_text} <= 0: no factorisation (I + A_l)...(I + A_1) = R "
         f"with every ||A_i|| < 1 exists, since det(I + A) > 0 whenever "
         f"||A|| < 1; give an R with det R > 0 (e.g. R with the sign of one "
@@ -493,7 +505,7 @@ def factorize(r, layers):
                     abs(math.log(float(singular[-1]))))
   smallest = smallest_admissible_layers(gamma_value)
   if layers < smallest:
-    raise ValueError(
+    raise errors.ConfigError(
         f"l = {layers} layers are too few for this R (gamma = "
         f"{gamma_value:.4g}; Theorem 2.1 needs l >= 3 gamma); the smallest "
         f"admissible is {smallest}")
@@ -555,8 +567,9 @@ def gradient_bound(a, r, sigma, tau=None, sigma_power=1):
   norm = max_layer_norm(a)
   tau = norm if tau is None else float(tau)
   if not norm <= tau * (1 + 1e-12) + 1e-15 or not tau < 1:
-    raise ValueError(f"Theorem 2.2 needs |||A||| <= tau < 1; got |||A||| = "
-                     f"{norm:.4g}, tau = {tau:.4g}")
+    raise errors.ConfigError(
+        f"Theorem 2.2 needs |||A||| <= tau < 1; got |||A||| = "
+        f"{norm:.4g}, tau = {tau:.4g}")
   gap, gradient = _excess_risk_and_gradient(a, r, sigma)
   gap = float(gap)
   sigma_min = smallest_eigenvalue(sigma)

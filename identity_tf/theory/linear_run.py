@@ -1,7 +1,7 @@
-"""What //bin:linear_theory does: one function per subcommand, and `main`.
+"""What //bin:linear_theory's subcommands do, one function each.
 
-`main` picks the subcommand and hands it the binary's flags. Each command
-is one function: `factorize_command` reads R from an .npy file, factorizes
+`commands.linear_theory.main` picks the subcommand and hands it the
+binary's flags. Each command is one function: `factorize_command` reads R from an .npy file, factorizes
 it by Theorem 2.1 (`linear.factorize`) and writes A to an .npz file;
 `check_command` runs every statement of Section 2 (`linear.run_checks`);
 `descend_command` compares gradient descent on the residual and the plain
@@ -11,7 +11,8 @@ starts in B_tau over a grid of depths and radii, with the plain and the
 det R < 0 contrasts. Each takes the values of the binary's flags (paths
 already resolved; `*_as_typed` is how the user wrote a path, for messages and
 the JSON), gives its JSON result to EMIT and its progress lines to LOG, and
-raises ValueError with one line for anything the user can fix.
+raises an `errors.IdentityTfError` (a ValueError) with one line for
+anything the user can fix.
 
 `linear` and `landscape` import TensorFlow, which takes seconds: each command
 imports them when it runs, so that a wrong subcommand or flag is answered
@@ -27,7 +28,9 @@ import time
 
 import numpy as np
 
-from identity_tf import cli
+from identity_tf import configs
+from identity_tf import errors
+from identity_tf import files
 
 # --d and --layers when not given (factorize requires --layers).
 CHECK_D = 8
@@ -43,35 +46,32 @@ def _ignore(_):
   pass
 
 
-def print_json(result):
-  """The binary's EMIT: RESULT as JSON on stdout, alone there."""
-  print(json.dumps(result, indent=1, default=float), flush=True)
-
-
 def read_matrix(path, as_typed=None, name="R"):
   """The matrix NAME of the .npy file PATH, as float64; ValueError naming
   --NAME=AS_TYPED if it is not one."""
   flag = f"--{name}={path if as_typed is None else as_typed}"
   if not os.path.isfile(path):
-    raise ValueError(f"{flag}: no such file")
+    raise errors.ConfigError(f"{flag}: no such file")
   with open(path, "rb") as f:
     magic = f.read(6)
   if magic[:2] != b"PK" and magic != b"\x93NUMPY":
-    raise ValueError(f"{flag} is not a .npy file (a text file?); save "
-                     f"{name} with numpy.save(path, {name})")
-  cli.check_array_file(path, flag)  # Before numpy allocates anything.
+    raise errors.ConfigError(f"{flag} is not a .npy file (a text file?); save "
+                             f"{name} with numpy.save(path, {name})")
+  files.check_array_file(path, flag)  # Before numpy allocates anything.
   try:
     r = np.load(path, allow_pickle=False)
   except (OSError, ValueError) as e:
-    raise ValueError(f"cannot read {flag} as a .npy array: "
-                     f"{str(e).splitlines()[0]}") from None
+    raise errors.ConfigError(f"cannot read {flag} as a .npy array: "
+                             f"{str(e).splitlines()[0]}") from None
   if not isinstance(r, np.ndarray):  # An .npz archive.
     r.close()
-    raise ValueError(f"{flag} is an .npz archive, not an .npy array; save "
-                     f"{name} with np.save(path, {name})")
+    raise errors.ConfigError(
+        f"{flag} is an .npz archive, not an .npy array; save "
+        f"{name} with np.save(path, {name})")
   if r.dtype.kind not in "fiu":
-    raise ValueError(f"{flag} holds {r.dtype} data; give a real d x d float64 "
-                     "matrix")
+    raise errors.ConfigError(
+        f"{flag} holds {r.dtype} data; give a real d x d float64 "
+        "matrix")
   return r.astype(np.float64)
 
 
@@ -84,27 +84,29 @@ def factorize_command(r_path=None, layers=None, output_path=None, *,
   `linear.factorization_report` of the result.
   """
   if not r_path or layers is None or not output_path:
-    raise ValueError("factorize needs --R=R.npy --layers=L --output=A.npz")
+    raise errors.ConfigError(
+        "factorize needs --R=R.npy --layers=L --output=A.npz")
   r_flag = f"--R={r_path if r_as_typed is None else r_as_typed}"
   output_flag = (f"--output="
                  f"{output_path if output_as_typed is None else output_as_typed}")
   if not output_path.endswith(".npz") or os.path.isdir(output_path):
-    raise ValueError(f"{output_flag} must be a file path ending in .npz "
-                     "(np.savez adds the suffix otherwise)")
+    raise errors.ConfigError(
+        f"{output_flag} must be a file path ending in .npz "
+        "(np.savez adds the suffix otherwise)")
   r = read_matrix(r_path, r_as_typed)
   from identity_tf.theory import linear
   start = time.perf_counter()
   try:
     a = linear.factorize(r, layers)
   except ValueError as e:
-    raise ValueError(f"{r_flag}: {e}") from None
+    raise errors.ConfigError(f"{r_flag}: {e}") from None
   log(f"factorized R (d = {r.shape[0]}) into {layers} layers in "
       f"{time.perf_counter() - start:.2f} s; checking the product")
   report = linear.factorization_report(r, a)
   try:
     np.savez(output_path, A=a.numpy())
   except OSError as e:
-    raise ValueError(f"cannot write {output_flag}: {e}") from None
+    raise errors.OutputError(f"cannot write {output_flag}: {e}") from None
   log(f"wrote {output_path}")
   emit(report)
   return report
@@ -122,10 +124,11 @@ def check_command(d=None, layers=None, seed=0, bound_power=1,
   d = CHECK_D if d is None else d
   layers = CHECK_LAYERS if layers is None else layers
   if d < 1 or layers < 1 or seed < 0 or samples < 2:
-    raise ValueError("check needs --d >= 1, --layers >= 1, --seed >= 0 and "
-                     "--samples >= 2")
+    raise errors.ConfigError(
+        "check needs --d >= 1, --layers >= 1, --seed >= 0 and "
+        "--samples >= 2")
   if bound_power not in (1, 2):
-    raise ValueError("--bound_power must be 1 or 2")
+    raise errors.ConfigError("--bound_power must be 1 or 2")
   results = linear.run_checks(d, layers, seed, bound_power, samples,
                               progress=log)
   failed = [name for name, entry in results.items() if not entry["pass"]]
@@ -133,7 +136,7 @@ def check_command(d=None, layers=None, seed=0, bound_power=1,
              "statements": results}
   emit(summary)
   if failed:
-    raise ValueError(f"failed: {', '.join(failed)}")
+    raise errors.ConfigError(f"failed: {', '.join(failed)}")
   return summary
 
 
@@ -154,10 +157,10 @@ def descend_command(d=None, layers=None, steps=None, step_size=None, seed=0,
   layers = DESCEND["layers"] if layers is None else layers
   steps = DESCEND["steps"] if steps is None else steps
   if d < 1 or layers < 1 or steps < 1 or seed < 0:
-    raise ValueError("descend needs --d, --layers and --steps >= 1 and "
-                     "--seed >= 0")
+    raise errors.ConfigError("descend needs --d, --layers and --steps >= 1 and "
+                             "--seed >= 0")
   if step_size is not None and step_size <= 0:
-    raise ValueError("--step_size must be positive")
+    raise errors.ConfigError("--step_size must be positive")
   rng = np.random.default_rng(seed)
   r = linear.near_identity_target(d, rng, 1.0)
   sigma = linear.random_covariance(d, rng, 0.5, 2.0)
@@ -174,7 +177,7 @@ def descend_command(d=None, layers=None, steps=None, step_size=None, seed=0,
                           f"d = {d}, l = {layers}, step "
                           f"{residual['step_size']:.3g}")
     except OSError as e:
-      raise ValueError(f"cannot write --plot={as_typed}: {e}") from None
+      raise errors.OutputError(f"cannot write --plot={as_typed}: {e}") from None
     log(f"wrote {plot_path}")
     summary["plot"] = as_typed
   emit(summary)
@@ -207,9 +210,10 @@ def _check_converged(run):
   gaps = np.asarray(run["gap"], np.float64)
   if not np.all(np.isfinite(gaps)):
     first = int(np.argmin(np.isfinite(gaps)))
-    raise ValueError(f"gradient descent diverged: f - f_opt became "
-                     f"{gaps[first]} at step {first}; lower --step_size "
-                     f"(it was {run['step_size']:.3g})")
+    raise errors.ConfigError(
+        f"gradient descent diverged: f - f_opt became "
+        f"{gaps[first]} at step {first}; lower --step_size "
+        f"(it was {run['step_size']:.3g})")
 
 
 def _read_target(r_path, r_as_typed, d):
@@ -221,15 +225,16 @@ def _read_target(r_path, r_as_typed, d):
     r = linear.check_matrix(r).numpy()
     linear.check_invertible(np.linalg.svd(r, compute_uv=False))
   except ValueError as e:
-    raise ValueError(f"{r_flag}: {e}") from None
+    raise errors.ConfigError(f"{r_flag}: {e}") from None
   if d is not None and d != r.shape[0]:
-    raise ValueError(f"--d={d} but {r_flag} is {r.shape[0]} x "
-                     f"{r.shape[0]}; leave out --d")
+    raise errors.ConfigError(f"--d={d} but {r_flag} is {r.shape[0]} x "
+                             f"{r.shape[0]}; leave out --d")
   if np.linalg.slogdet(r)[0] <= 0:
-    raise ValueError(f"{r_flag} has det R <= 0, which no product "
-                     "(I + A_l)...(I + A_1) with |||A||| < 1 reaches; give "
-                     "R with det R > 0 (the det R < 0 contrast is built "
-                     "from it)")
+    raise errors.ConfigError(
+        f"{r_flag} has det R <= 0, which no product "
+        "(I + A_l)...(I + A_1) with |||A||| < 1 reaches; give "
+        "R with det R > 0 (the det R < 0 contrast is built "
+        "from it)")
   return r, {"file": r_flag[len("--R="):]}
 
 
@@ -244,15 +249,16 @@ def _read_covariance(sigma_path, sigma_as_typed, size, size_flag):
     sigma = linear.check_matrix(sigma, "Sigma").numpy()
     asymmetry = float(np.max(np.abs(sigma - sigma.T)))
     if asymmetry > 1e-10 * (1.0 + float(np.max(np.abs(sigma)))):
-      raise ValueError(f"Sigma = E[x x^T] must be symmetric, but max "
-                       f"|Sigma - Sigma^T| = {asymmetry:.3g}; save "
-                       f"(S + S.T) / 2")
+      raise errors.ConfigError(f"Sigma = E[x x^T] must be symmetric, but max "
+                               f"|Sigma - Sigma^T| = {asymmetry:.3g}; save "
+                               f"(S + S.T) / 2")
     landscape.check_positive_definite(sigma)
   except ValueError as e:
-    raise ValueError(f"{flag}: {e}") from None
+    raise errors.ConfigError(f"{flag}: {e}") from None
   if size is not None and sigma.shape[0] != size:
-    raise ValueError(f"{flag} is {sigma.shape[0]} x {sigma.shape[0]} but "
-                     f"{size_flag} is {size} x {size}; give them one size")
+    raise errors.ConfigError(
+        f"{flag} is {sigma.shape[0]} x {sigma.shape[0]} but "
+        f"{size_flag} is {size} x {size}; give them one size")
   return sigma, {"file": flag[len("--sigma="):]}
 
 
@@ -263,8 +269,8 @@ def _random_target(d, condition, rotation, rng, seed):
   condition = LANDSCAPE["condition"] if condition is None else condition
   rotation = LANDSCAPE["rotation"] if rotation is None else rotation
   if d < 1 or not condition >= 1 or not 0 <= rotation <= np.pi:
-    raise ValueError("landscape needs --d >= 1, --condition >= 1 and "
-                     "0 <= --rotation <= pi (3.14159)")
+    raise errors.ConfigError("landscape needs --d >= 1, --condition >= 1 and "
+                             "0 <= --rotation <= pi (3.14159)")
   return landscape.random_target(d, rng, condition, rotation), {
       "random": "R = expm(K) V diag(s) V^T", "condition": condition,
       "rotation": rotation, "seed": seed}
@@ -282,8 +288,9 @@ def _landscape_instance(d, files, condition, rotation, seed):
   r = None
   if files["R"][0]:
     if condition is not None or rotation is not None:
-      raise ValueError("give --R=R.npy or --condition/--rotation (a random "
-                       "R), not both")
+      raise errors.ConfigError(
+          "give --R=R.npy or --condition/--rotation (a random "
+          "R), not both")
     r, r_source = _read_target(*files["R"], d)
   if files["sigma"][0]:
     size_flag = (f"--R={files['R'][1] or files['R'][0]}" if r is not None
@@ -320,7 +327,7 @@ def landscape_command(d=None, r_path=None, condition=None, rotation=None,
              "plot": (plot_path, plot_as_typed)}
   for name, (path, as_typed) in outputs.items():
     if path:
-      cli.check_output_file(path, f"--{name}={as_typed or path}")
+      files.check_output_file(path, f"--{name}={as_typed or path}")
   grid = _landscape_grid(depths, taus, starts, steps, epsilon, step_size,
                          seed)
   r, sigma, r_source, sigma_source = _landscape_instance(
@@ -334,32 +341,34 @@ def landscape_command(d=None, r_path=None, condition=None, rotation=None,
   emit(report)
   diverged = sum(c["residual"]["diverged"] for c in report["cells"])
   if diverged:
-    raise ValueError(f"{diverged} residual descents diverged; lower "
-                     f"--step_size (default 1 / (2 l sigma_max(Sigma) "
-                     f"max(1, ||R||)^2))")
+    raise errors.ConfigError(f"{diverged} residual descents diverged; lower "
+                             f"--step_size (default 1 / (2 l sigma_max(Sigma) "
+                             f"max(1, ||R||)^2))")
   return report
 
 
 def _landscape_grid(depths, taus, starts, steps, epsilon, step_size, seed):
   """(depths, taus, starts, steps, epsilon) of the flags, LANDSCAPE's where
   None; ValueError naming the first flag out of range."""
-  depths = cli.parse_numbers(depths or LANDSCAPE["depths"], int, "depths",
+  depths = configs.parse_numbers(depths or LANDSCAPE["depths"], int, "depths",
                              "2,4,8")
-  taus = cli.parse_numbers(taus or LANDSCAPE["taus"], float, "taus",
+  taus = configs.parse_numbers(taus or LANDSCAPE["taus"], float, "taus",
                            "0.1,0.3,0.5")
   if any(l < 1 for l in depths):
-    raise ValueError(f"--depths must be >= 1, got {depths}")
+    raise errors.ConfigError(f"--depths must be >= 1, got {depths}")
   if any(not 0 <= t < 1 for t in taus):
-    raise ValueError(f"--taus must be in [0, 1) (Theorem 2.2 needs tau < 1), "
-                     f"got {taus}")
+    raise errors.ConfigError(
+        f"--taus must be in [0, 1) (Theorem 2.2 needs tau < 1), "
+        f"got {taus}")
   starts = LANDSCAPE["starts"] if starts is None else starts
   steps = LANDSCAPE["steps"] if steps is None else steps
   epsilon = LANDSCAPE["epsilon"] if epsilon is None else epsilon
   if starts < 1 or steps < 1 or seed < 0 or not epsilon > 0:
-    raise ValueError("landscape needs --starts >= 1, --steps >= 1, --seed >= 0 "
-                     "and --epsilon > 0")
+    raise errors.ConfigError(
+        "landscape needs --starts >= 1, --steps >= 1, --seed >= 0 "
+        "and --epsilon > 0")
   if step_size is not None and not step_size > 0:
-    raise ValueError("--step_size must be positive")
+    raise errors.ConfigError("--step_size must be positive")
   return depths, taus, starts, steps, epsilon
 
 
@@ -380,78 +389,5 @@ def _write_landscape(report, curves, outputs, log):
     if not path:
       continue
     report[name] = as_typed or path
-    cli.write_whole(path, write, f"--{name}={as_typed or path}", suffix)
+    files.write_whole(path, write, f"--{name}={as_typed or path}", suffix)
     log(f"wrote {path}")
-
-
-# ----------------------------------------------------------------------------
-# The binary: which subcommand, with which flags.
-
-# Per subcommand, the flags it takes.
-SUBCOMMANDS = {
-    "factorize": ("R", "layers", "output"),
-    "check": ("d", "layers", "seed", "bound_power", "samples"),
-    "descend": ("d", "layers", "steps", "step_size", "seed", "plot"),
-    "landscape": ("R", "sigma", "d", "condition", "rotation", "depths",
-                  "taus", "starts", "steps", "epsilon", "step_size", "seed",
-                  "output", "plot"),
-}
-FLAG_NAMES = tuple(sorted({name for names in SUBCOMMANDS.values()
-                           for name in names}))
-# The former subcommands, each with one line saying what it became.
-FORMER_SUBCOMMANDS = {
-    # "construct" is Section 3's (//bin:construct); Theorem 2.1 factorizes R.
-    "construct": "the subcommand construct is now factorize (same flags): "
-                 + cli.command("linear_theory", "factorize --R=R.npy "
-                               "--layers=L --output=A.npz"),
-    "benchmark": "the subcommand benchmark is now "
-                 + cli.command("benchmark", "--suite=linear"),
-}
-# Path flags and the prefix of their two parameters: PREFIX_path (resolved
-# against the user's directory) and PREFIX_as_typed.
-PATH_FLAGS = {"R": "r", "sigma": "sigma", "output": "output", "plot": "plot"}
-
-
-def _subcommand(arguments):
-  """The subcommand ARGUMENTS name; ValueError (one line) if none or not
-  one."""
-  command = arguments[0] if arguments else None
-  if command in FORMER_SUBCOMMANDS:
-    raise ValueError(FORMER_SUBCOMMANDS[command])
-  if command not in SUBCOMMANDS:
-    given = (f"unknown subcommand {command!r}" if command is not None
-             else "missing subcommand")
-    raise ValueError(f"{given}; valid: {', '.join(SUBCOMMANDS)} (e.g. "
-                     f"linear_theory factorize --R=R.npy --layers=10 "
-                     f"--output=A.npz)")
-  if len(arguments) > 1:
-    raise ValueError(f"unexpected arguments {' '.join(arguments[1:])}; give "
-                     f"options as --flag=value")
-  return command
-
-
-def main(arguments, flags, *, log=cli.print_stderr, emit=print_json):
-  """//bin:linear_theory: the subcommand ARGUMENTS[0] with FLAGS ({flag name:
-  the value the user gave, None if not given}); returns its result.
-
-  ValueError (one line) for a missing or unknown subcommand, a flag the
-  subcommand does not take, or whatever the command refuses.
-  """
-  command = _subcommand(arguments)
-  given = {name: value for name, value in flags.items() if value is not None}
-  unknown = sorted(set(given) - set(SUBCOMMANDS[command]))
-  if command == "landscape" and "layers" in unknown:
-    raise ValueError("landscape takes --depths=2,4,8, not --layers")
-  if unknown:
-    raise ValueError(f"{command} does not take --{unknown[0]}; it takes "
-                     f"--{', --'.join(SUBCOMMANDS[command])}")
-  arguments = {}
-  for name, value in given.items():
-    if name in PATH_FLAGS:
-      arguments[f"{PATH_FLAGS[name]}_path"] = cli.path(value)
-      arguments[f"{PATH_FLAGS[name]}_as_typed"] = value
-    else:
-      arguments[name] = value
-  commands = {"factorize": factorize_command, "check": check_command,
-              "descend": descend_command, "landscape": landscape_command}
-  return commands[command](**arguments, log=log, emit=emit)

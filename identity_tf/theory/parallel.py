@@ -8,26 +8,17 @@ core.
 """
 
 import concurrent.futures
-import os
 import threading
 import time
+
+from identity_tf import machine
 
 # A progress line at most this often (seconds).
 PROGRESS_SECONDS = 10.0
 
 
-def available_cores():
-  """The cores this process may run on: its CPU affinity where the OS has one
-  (a container or `taskset` may allow fewer than the machine has), else all
-  the machine's."""
-  try:
-    return max(1, len(os.sched_getaffinity(0)))
-  except AttributeError:  # No sched_getaffinity (macOS, Windows).
-    return max(1, os.cpu_count() or 1)
-
-
 def map_with_progress(function, items, log=None, describe=None, size=None):
-  """[FUNCTION(item) for item in ITEMS], computed on `available_cores()` threads.
+  """[FUNCTION(item) for item in ITEMS], on `machine.available_cores()` threads.
 
   The results come back in the order of ITEMS whichever thread computed
   them, and each call sees only its own item: the result does not depend on
@@ -51,6 +42,6 @@ def map_with_progress(function, items, log=None, describe=None, size=None):
         progress["time"] = time.monotonic()
     return result
 
-  workers = max(1, min(available_cores(), len(items)))
+  workers = max(1, min(machine.available_cores(), len(items)))
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     return list(pool.map(run, items))

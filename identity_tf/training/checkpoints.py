@@ -23,6 +23,7 @@ from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from identity_tf import errors
 from identity_tf import model as model_lib
 from identity_tf.training import config_file
 from identity_tf.training import run as run_lib
@@ -36,7 +37,7 @@ LOCK_FILE = ".train.lock"
 # ---------------------------------------------------------------------------
 # The directory.
 
-class DamagedCheckpointError(ValueError):
+class DamagedCheckpointError(errors.CheckpointError):
   """Checkpoint PREFIX turned out damaged while it was restored (REASON)."""
 
   def __init__(self, prefix, reason):
@@ -50,8 +51,9 @@ def check_writable(model_dir):
   if "://" in model_dir:
     return model_dir
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-    raise ValueError(f"--model_dir={model_dir} is a file, not a directory; "
-                     "pick another --model_dir")
+    raise errors.CheckpointError(
+        f"--model_dir={model_dir} is a file, not a directory; "
+        "pick another --model_dir")
   try:
     os.makedirs(model_dir, exist_ok=True)
     probe = os.path.join(model_dir, f".write-test-{os.getpid()}")
@@ -59,9 +61,10 @@ def check_writable(model_dir):
       f.write("ok")
     os.remove(probe)
   except OSError as e:
-    raise ValueError(f"--model_dir={model_dir} is not writable "
-                     f"({e.strerror}); pick another --model_dir or fix its "
-                     "permissions") from None
+    raise errors.CheckpointError(
+        f"--model_dir={model_dir} is not writable "
+        f"({e.strerror}); pick another --model_dir or fix its "
+        "permissions") from None
   return model_dir
 
 
@@ -83,9 +86,10 @@ def lock(model_dir):
     except BlockingIOError:
       f.seek(0)
       holder = f.read().strip() or "another process"
-      raise ValueError(f"--model_dir={model_dir} is in use by another training "
-                       f"({holder}); wait for it to finish or stop it, or "
-                       "use another --model_dir") from None
+      raise errors.CheckpointError(
+          f"--model_dir={model_dir} is in use by another training "
+          f"({holder}); wait for it to finish or stop it, or "
+          "use another --model_dir") from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
@@ -314,14 +318,14 @@ def resume_point(model_dir, chief=True, echo=None):
   if records and not intact and not damaged:
     # Only rotation leaves a record without its checkpoint, and never
     # without a newer checkpoint: every file of every checkpoint is gone.
-    raise ValueError(
+    raise errors.CheckpointError(
         f"--model_dir={model_dir} holds the SHA-256 records of checkpoints ("
         + ", ".join(f"{CHECKPOINT_PREFIX}-{step}.sha256" for step in records)
         + ") but none of their files; nothing was changed: restore them from "
         "a copy, or use a new --model_dir (training does not start again "
         "from step 0 over them)")
   if damaged and not intact:  # Named in the error, once.
-    raise ValueError(
+    raise errors.CheckpointError(
         f"--model_dir={model_dir} holds checkpoints but none is intact ("
         + "; ".join(f"{os.path.basename(p)}: {r}" for p, r in damaged.items())
         + "); nothing was changed: restore them from a copy, or use a new "
@@ -365,7 +369,7 @@ def discard_worker_copy(worker_dir, model_dir, wait=CHIEF_CHECKPOINT_WAIT):
                   tf.io.gfile.exists(p + ".sha256")
                   for p in checkpoint_prefixes(model_dir)):
       if time.monotonic() >= deadline:
-        raise ValueError(
+        raise errors.CheckpointError(
             f"the chief's checkpoint of step {step} is not in "
             f"--model_dir={model_dir} (waited {wait:g} s), so this worker "
             f"kept its own copy in {worker_dir}: --model_dir must be a "
@@ -392,7 +396,7 @@ def save(manager, step, directory):
     # The manager may already list the removed checkpoint (the failure came
     # after its save): name what is on disk.
     newest = checkpoint_prefixes(directory)
-    raise ValueError(
+    raise errors.CheckpointError(
         f"could not write the checkpoint of step {step} in {directory} "
         f"({reason}); {last_written(newest[0] if newest else None)}; free "
         "space (or fix the directory) and run the same command to "
@@ -417,14 +421,15 @@ def find_checkpoint(model_dir, checkpoint=None, echo=None):
     intact, damaged = intact_checkpoints(model_dir)
     if not intact:
       if damaged:  # Named here, once: no notes before the error.
-        raise ValueError(
+        raise errors.CheckpointError(
             f"no intact checkpoint in --model_dir={model_dir}: "
             + "; ".join(f"{os.path.basename(p)}: {r}"
                         for p, r in damaged.items()))
       if not config_file.exists(model_dir):
-        raise ValueError(config_file.no_run_message(model_dir))
-      raise ValueError(f"no checkpoint in --model_dir={model_dir} yet; train "
-                       f"first (bin/train) or wait for one")
+        raise errors.CheckpointError(config_file.no_run_message(model_dir))
+      raise errors.CheckpointError(
+          f"no checkpoint in --model_dir={model_dir} yet; train "
+          f"first (bin/train) or wait for one")
     for prefix, reason in damaged.items():
       if echo:
         echo(f"{os.path.basename(prefix)} is damaged: {reason}")
@@ -439,11 +444,13 @@ def find_checkpoint(model_dir, checkpoint=None, echo=None):
     if checkpoint.endswith(suffix):
       checkpoint = checkpoint[:-len(suffix)]
   if not tf.io.gfile.exists(checkpoint + ".index"):
-    raise ValueError(f"no checkpoint {checkpoint} (--checkpoint takes a step "
-                     f"number, ckpt-<step> or a path prefix)")
+    raise errors.CheckpointError(
+        f"no checkpoint {checkpoint} (--checkpoint takes a step "
+        f"number, ckpt-<step> or a path prefix)")
   reason = damage(checkpoint)
   if reason:
-    raise ValueError(f"checkpoint {checkpoint} is damaged: {reason}")
+    raise errors.CheckpointError(
+        f"checkpoint {checkpoint} is damaged: {reason}")
   return checkpoint
 
 
@@ -571,7 +578,7 @@ def check_network(model, path, run):
     else:
       theirs = (f"although {config_file.path(source)} describes the same "
                 "network")
-  raise ValueError(
+  raise errors.CheckpointError(
       f"checkpoint {path} holds another network than the {run.model_name} "
       f"network of --model_dir={run.model_dir}'s {config_file.CONFIG_FILE}: "
       f"{'; '.join(problems)}; {theirs}; nothing was restored: give a "

@@ -15,6 +15,7 @@ import os
 import uuid
 
 from identity_tf import configs
+from identity_tf import errors
 
 CONFIG_FILE = "config.json"
 
@@ -52,19 +53,21 @@ def read(model_dir):
   """
   file = path(model_dir)
   if not _exists(file):
-    raise ValueError(no_run_message(model_dir))
+    raise errors.ConfigError(no_run_message(model_dir))
   try:
     with _open(file) as f:
       description = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{file} is not valid JSON ({e}); restore it from a "
-                     "copy, or use a new --model_dir") from None
+    raise errors.ConfigError(
+        f"{file} is not valid JSON ({e}); restore it from a "
+        "copy, or use a new --model_dir") from None
   missing = [key for key in ("config", "model", "preprocessing")
              if not isinstance(description, dict) or key not in description]
   if missing:
-    raise ValueError(f"{file} is not the description of a training run (no "
-                     f"{', '.join(missing)}); restore it from a copy, or use "
-                     "a new --model_dir")
+    raise errors.ConfigError(
+        f"{file} is not the description of a training run (no "
+        f"{', '.join(missing)}); restore it from a copy, or use "
+        "a new --model_dir")
   model = description["model"]
   wrong = [f'"{key}" is {_kind(description[key])}, not an object'
            for key in ("config", "preprocessing")
@@ -79,9 +82,10 @@ def read(model_dir):
     wrong.append(f'"dataset" is {_kind(description["dataset"])}, not an '
                  "object")
   if wrong:
-    raise ValueError(f"{file} is not the description of a training run "
-                     f"({'; '.join(wrong)}); restore it from a copy, or use "
-                     "a new --model_dir")
+    raise errors.ConfigError(
+        f"{file} is not the description of a training run "
+        f"({'; '.join(wrong)}); restore it from a copy, or use "
+        "a new --model_dir")
   _history(model_dir, description)
   return description
 
@@ -200,9 +204,10 @@ def _history(model_dir, stored):
           for change in entry["changed"].values())
       for entry in history)
   if not well_formed:
-    raise ValueError(f'{path(model_dir)} has a malformed "history" (a list '
-                     'of {"step": STEP, "changed": {NAME: [OLD, NEW]}} '
-                     "expected); fix or remove it, or use a new --model_dir")
+    raise errors.ConfigError(
+        f'{path(model_dir)} has a malformed "history" (a list '
+        'of {"step": STEP, "changed": {NAME: [OLD, NEW]}} '
+        "expected); fix or remove it, or use a new --model_dir")
   return list(history)
 
 
@@ -243,8 +248,9 @@ def _config(model_dir, description):
   try:
     return configs.from_dict(description["config"])
   except (TypeError, ValueError, AttributeError) as e:  # Fields, values.
-    raise ValueError(f"{path(model_dir)} does not hold a configuration this "
-                     f"version reads ({e}); use a new --model_dir") from None
+    raise errors.ConfigError(
+        f"{path(model_dir)} does not hold a configuration this "
+        f"version reads ({e}); use a new --model_dir") from None
 
 
 def check_resumable(model_dir, config):
@@ -268,7 +274,7 @@ def check_resumable(model_dir, config):
     changed.append(f"precision ({old.precision!r} -> "
                    f"{config.precision!r})")
   if changed:
-    raise ValueError(
+    raise errors.ConfigError(
         f"--model_dir={model_dir} holds a run that cannot continue with "
         f"{', '.join(changed)}; use a new --model_dir, or the same settings "
         f"to resume it")

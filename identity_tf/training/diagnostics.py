@@ -17,12 +17,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
 from identity_tf import model as model_lib
 from identity_tf.training import metrics
 from identity_tf.training import step as step_lib
 
 
-class NonFiniteLossError(ValueError):
+class NonFiniteLossError(errors.TrainingError):
   """The training loss became NaN or infinite; the run was stopped.
 
   `step` is the global step at which it first happened.

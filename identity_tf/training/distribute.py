@@ -18,7 +18,8 @@ from absl import logging
 import tensorflow as tf
 
 from identity_tf import configs
-from identity_tf.theory import parallel
+from identity_tf import errors
+from identity_tf import machine
 
 
 # The strategies whose cluster comes from TF_CONFIG. The others train in
@@ -38,19 +39,22 @@ def tf_config():
   try:
     value = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f"TF_CONFIG is not valid JSON ({e}); {fix}") from None
+    raise errors.ConfigError(
+        f"TF_CONFIG is not valid JSON ({e}); {fix}") from None
   if not isinstance(value, dict):
-    raise ValueError(f"TF_CONFIG must be a JSON object, got "
-                     f"{type(value).__name__}; {fix}")
+    raise errors.ConfigError(f"TF_CONFIG must be a JSON object, got "
+                             f"{type(value).__name__}; {fix}")
   for key in ("cluster", "task"):
     if not isinstance(value.get(key, {}), dict):
-      raise ValueError(f'TF_CONFIG\'s "{key}" must be a JSON object, got '
-                       f"{type(value[key]).__name__}; {fix}")
+      raise errors.ConfigError(
+          f'TF_CONFIG\'s "{key}" must be a JSON object, got '
+          f"{type(value[key]).__name__}; {fix}")
   task = value.get("task", {})
   index = task.get("index", 0)
   if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-    raise ValueError(f'TF_CONFIG\'s task "index" must be a whole number >= 0, '
-                     f"got {index!r}; {fix}")
+    raise errors.ConfigError(
+        f'TF_CONFIG\'s task "index" must be a whole number >= 0, '
+        f"got {index!r}; {fix}")
   return value
 
 
@@ -78,7 +82,7 @@ def _resolver():
     # can be named.
     _ = resolver.task_type, resolver.task_id, resolver.cluster_spec()
   except (ValueError, KeyError, TypeError, AttributeError) as e:
-    raise ValueError(
+    raise errors.ConfigError(
         f"TF_CONFIG does not describe a cluster ({type(e).__name__}: {e}); "
         'set it to {"cluster": {...}, "task": {"type": ..., "index": ...}} '
         "or unset it (docs/training.md, Strategies)") from None
@@ -141,7 +145,7 @@ def _listen(port):
                                   dualstack_ipv6=True, reuse_port=False)
     return socket.create_server(("", port))
   except OSError as e:
-    raise ValueError(
+    raise errors.ConfigError(
         f"port {port} of this task in TF_CONFIG is in use ({e.strerror}); "
         "stop what holds it or give the task another port") from None
 
@@ -189,7 +193,7 @@ def _wait_for_peers(timeout, echo):
       if time.monotonic() > deadline:
         names = ", ".join(f"{job} {index} ({address})"
                           for job, index, address in missing)
-        raise ValueError(
+        raise errors.ConfigError(
             f"the multi_worker_mirrored cluster did not form within "
             f"{timeout:g} s (--cluster_timeout): start the same command on "
             f"every task of TF_CONFIG, each with its own task index; no "
@@ -241,7 +245,7 @@ def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
       tf.config.experimental_connect_to_cluster(resolver)
       tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, tf.errors.OpError) as e:
-      raise ValueError(
+      raise errors.ConfigError(
           f"--strategy=tpu found no TPU ({str(e).splitlines()[0]}); pass "
           f"--tpu=NAME_OR_GRPC_ADDRESS or run on a TPU VM") from None
     return tf.distribute.TPUStrategy(resolver)
@@ -249,13 +253,13 @@ def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
     resolver = _resolver()
     cluster = resolver.cluster_spec().as_dict()
     if not cluster.get("ps") or not cluster.get("worker"):
-      raise ValueError(
+      raise errors.ConfigError(
           "--strategy=parameter_server needs TF_CONFIG with a cluster of "
           "'chief', 'worker' and 'ps' tasks (see docs/training.md); got "
           f"TF_CONFIG={os.environ.get('TF_CONFIG')!r}")
     return tf.distribute.experimental.ParameterServerStrategy(resolver)
-  raise ValueError(f"--strategy must be one of "
-                   f"{', '.join(configs.STRATEGIES)}; got {name!r}")
+  raise errors.ConfigError(f"--strategy must be one of "
+                           f"{', '.join(configs.STRATEGIES)}; got {name!r}")
 
 
 def describe_failure(error, cluster=True):
@@ -289,65 +293,6 @@ def describe_failure(error, cluster=True):
 # -----------------------------------------------------------------------------
 # The hardware a precision is meant for.
 
-# CPU instructions that compute in bfloat16 natively: AVX512-BF16's dot
-# products and AMX's tile multiplies. Without them TensorFlow converts to
-# float32 and back around every operation.
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def _cpuinfo(path):
-  """The first processor's fields in PATH (a /proc/cpuinfo), {} if none."""
-  fields = {}
-  try:
-    with open(path) as f:
-      for line in f:
-        if not line.strip():
-          if fields:
-            break
-          continue
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-  except OSError:
-    pass
-  return fields
-
-
-def cpu_model_and_flags(path="/proc/cpuinfo"):
-  """(CPU model name, the set of its flags) from PATH; ("", set()) where
-  there is no such file. The name carries the family and model numbers:
-  "AMD EPYC" alone names a Zen 3 without AVX-512 and a Zen 4 with
-  avx512_bf16, whose bfloat16 speeds differ tenfold (BENCHMARKS.md)."""
-  fields = _cpuinfo(path)
-  name = fields.get("model name", "")
-  if name and "cpu family" in fields and "model" in fields:
-    name += f" (family {fields['cpu family']} model {fields['model']})"
-  return name, set(fields.get("flags", "").split())
-
-
-def machine(device_types=None, cpu=None, cores=None):
-  """One line naming the hardware a run trains on: the CPU
-  (`cpu_model_and_flags`, default this machine's), the cores this process
-  may use, the CPU's bfloat16 instructions and any GPUs or TPUs
-  (DEVICE_TYPES: of the logical devices, default TensorFlow's list).
-
-  A run's images/s and time to accuracy are figures of this hardware, and a
-  run that resumes elsewhere trains on two: each session's start record in
-  metrics.jsonl carries this line, and //bin:study reports it per run.
-  """
-  name, flags = cpu if cpu is not None else cpu_model_and_flags()
-  if cores is None:
-    cores = parallel.available_cores()
-  if device_types is None:
-    device_types = [d.device_type for d in tf.config.list_logical_devices()]
-  bf16 = ", ".join(flag for flag in sorted(BF16_CPU_FLAGS) if flag in flags)
-  line = f"{name or 'unknown CPU'}, {cores} cores, bfloat16: {bf16 or 'none'}"
-  for kind in ("GPU", "TPU"):
-    count = list(device_types).count(kind)
-    if count:
-      line += f", {count} {kind}"
-  return line
-
-
 def precision_note(precision, device_types=None, cpu_flags=None):
   """A line warning that PRECISION is slow on this machine, or None.
 
@@ -362,18 +307,18 @@ def precision_note(precision, device_types=None, cpu_flags=None):
   if precision == "float32":
     return None
   if device_types is None:
-    device_types = {d.device_type for d in tf.config.list_logical_devices()}
+    device_types = machine.logical_device_types()
   if set(device_types) & {"GPU", "TPU"}:
     return None
   if precision == "mixed_float16":
     return ("note: --precision=mixed_float16 is for GPUs: on a CPU it runs "
             "slower than float32 (BENCHMARKS.md)")
   if cpu_flags is None:
-    cpu_flags = cpu_model_and_flags()[1]
-  if set(BF16_CPU_FLAGS) & set(cpu_flags):
+    cpu_flags = machine.cpu_model_and_flags()[1]
+  if set(machine.BF16_CPU_FLAGS) & set(cpu_flags):
     return None
   return (f"note: this CPU has no bfloat16 instructions (none of "
-          f"{', '.join(BF16_CPU_FLAGS)} in /proc/cpuinfo): "
+          f"{', '.join(machine.BF16_CPU_FLAGS)} in /proc/cpuinfo): "
           f"--precision=mixed_bfloat16 is emulated, several times slower "
           f"than float32 here (BENCHMARKS.md); --precision=float32 is faster "
           f"on this machine")

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
 from identity_tf.data import datasets
 from identity_tf.data import pipeline
 from identity_tf.data import tfds_data
@@ -34,8 +35,8 @@ def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
   """
   split = split or info.eval_split
   if split is None:
-    raise ValueError(f"{dataset} has neither a 'validation' nor a 'test' "
-                     "split to evaluate on")
+    raise errors.DataError(f"{dataset} has neither a 'validation' nor a 'test' "
+                           "split to evaluate on")
   ds = pipeline.build_dataset(
       dataset, split, batch_size, training=False, data_dir=data_dir,
       num_examples=num_examples, preprocessing=preprocessing)
@@ -59,7 +60,7 @@ def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
       sums += batch_sums(images, labels).numpy()
     count = int(sums[3])
     if count == 0:
-      raise ValueError(f"the {split} split of {dataset} is empty")
+      raise errors.DataError(f"the {split} split of {dataset} is empty")
     return {"loss": sums[0] / count, "top1": sums[1] / count,
             "top5": sums[2] / count, "examples": count}
   return run
@@ -78,7 +79,7 @@ def evaluate(model, dataset, info, preprocessing, **options):
 def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
                  batch_size=500, num_examples=None, write_summaries=True,
                  watch=False, watch_timeout=600.0, watch_interval=5.0,
-                 emit=print, note=print):
+                 emit, note):
   """Evaluates MODEL_DIR's CHECKPOINT (default: the newest intact one).
 
   DATASET (default: the run's own) may be another dataset with the same
@@ -108,7 +109,7 @@ def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
 
 
 def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
-                          write_summaries, emit, note=print):
+                          write_summaries, emit, note):
   """A function (checkpoint path, already verified) -> its global step,
   which evaluates the checkpoint and EMITs the result, then records it in
   the run (WRITE_SUMMARIES): a run it cannot write to (read-only, a full
@@ -124,7 +125,7 @@ def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
   if dataset != trained:
     classes = run.model_options["classes"]
     if info.num_classes != classes:
-      raise ValueError(
+      raise errors.DataError(
           f"--dataset={dataset} has {info.num_classes} classes; the model "
           f"was trained for the {classes} of {trained}")
     preprocessing = datasets.preprocessing_config(

@@ -71,7 +71,7 @@ class MetricsWriter:
     """Marks the start of a session of training at STEP in metrics.jsonl
     (not a metric: no progress line, no TensorBoard), so that a run's wall
     time can be summed over its sessions (`wall_seconds`) and its speed
-    read against the hardware it ran on (MACHINE: `distribute.machine`'s
+    read against the hardware it ran on (MACHINE: `machine.describe`'s
     line; `machines`)."""
     if self._enabled:
       self._append({"step": step, "start": True,

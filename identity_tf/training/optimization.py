@@ -30,6 +30,8 @@ the optimizer, the update is exactly the clipped global gradient.
 import keras
 import tensorflow as tf
 
+from identity_tf import errors
+
 # AGC's floor on a unit's weight norm (Brock et al., 2021: epsilon = 1e-3),
 # so that units initialised at zero can still move.
 AGC_EPSILON = 1e-3
@@ -93,9 +95,10 @@ def learning_rate_schedule(schedule):
         list(schedule.boundaries), list(schedule.values))
   elif schedule.kind == "exponential":
     if not schedule.decay_steps:
-      raise ValueError("the exponential schedule decays per epoch, and the "
-                       "number of training examples is not known: prepare "
-                       "the dataset or set --num_train_examples")
+      raise errors.ConfigError(
+          "the exponential schedule decays per epoch, and the "
+          "number of training examples is not known: prepare "
+          "the dataset or set --num_train_examples")
     rate = keras.optimizers.schedules.ExponentialDecay(
         schedule.initial, decay_steps=schedule.decay_steps,
         decay_rate=schedule.decay_rate, staircase=True)
@@ -143,8 +146,8 @@ def decayed_weights(model, scope="convolutions"):
     return [w for w in model.trainable_weights if len(w.shape) >= 2]
   if scope == "all":
     return list(model.trainable_weights)
-  raise ValueError(f"unknown weight-decay scope {scope!r}; valid: "
-                   "convolutions, kernels, all")
+  raise errors.ConfigError(f"unknown weight-decay scope {scope!r}; valid: "
+                           "convolutions, kernels, all")
 
 
 def bias_like(variable):

@@ -20,6 +20,7 @@ import dataclasses
 
 from identity_tf import architectures
 from identity_tf import configs
+from identity_tf import errors
 from identity_tf.data import datasets
 from identity_tf.training import config_file
 
@@ -108,9 +109,10 @@ def resolve(config, dataset, model_dir, data_dir=None, replicas=1):
   cannot take.
   """
   if config.batch_size % replicas:
-    raise ValueError(f"--batch_size={config.batch_size} must be a multiple "
-                     f"of the {replicas} replicas of --strategy="
-                     f"{config.strategy}")
+    raise errors.ConfigError(
+        f"--batch_size={config.batch_size} must be a multiple "
+        f"of the {replicas} replicas of --strategy="
+        f"{config.strategy}")
   steps = steps_per_epoch(config, dataset.num_train_examples)
   return Run(config=config, dataset=dataset, model_dir=model_dir,
              data_dir=data_dir,
@@ -156,7 +158,7 @@ def read(model_dir, data_dir=None):
   try:
     return from_description(description, model_dir, data_dir)
   except (KeyError, TypeError, AttributeError, ValueError) as e:
-    raise ValueError(
+    raise errors.ConfigError(
         f"{config_file.path(model_dir)} does not describe a run this version "
         f"reads ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         "); restore it from a copy, or use a new --model_dir") from None
@@ -199,17 +201,15 @@ def make_schedule(config, steps_per_epoch):
 
 
 def choose_config(preset, model_dir, overrides):
-  """(config, model_dir) of a //bin:train command line.
+  """The config of a //bin:train command line.
 
   PRESET None means: the configuration stored in MODEL_DIR's config.json
-  if it holds a run, else the smoke preset. OVERRIDES ({field: value or
-  None}) are the flags that were set. MODEL_DIR None means runs/<preset>
-  under the user's directory. Raises ValueError (one line) for bad values.
+  if it holds a run (MODEL_DIR None: none does), else the smoke preset.
+  OVERRIDES ({field: value or None}) are the flags that were set. Raises
+  ConfigError (one line) for bad values.
   """
-  from identity_tf import cli  # pylint: disable=g-import-not-at-top
   stored = (config_file.stored_config(model_dir)
             if preset is None and model_dir else None)
   if stored is not None:
-    return configs.override(stored, **overrides), model_dir
-  config = configs.resolve(preset or "smoke", **overrides)
-  return config, model_dir or cli.default_model_dir(config.preset)
+    return configs.override(stored, **overrides)
+  return configs.resolve(preset or "smoke", **overrides)

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
 from identity_tf.training import optimization
 
 
@@ -70,7 +71,7 @@ def top_eigenvalue(loss, variables, iterations=20, seed=0):
 
 
 def measure_run(model_dir, *, steps=None, data_dir=None, num_examples=512,
-                iterations=20, emit=print, log=None):
+                iterations=20, emit, log=None):
   """The sharpness of MODEL_DIR's run at each of its checkpoints (//bin:sharpness).
 
   For every checkpoint (or those of STEPS), EMIT receives {step,
@@ -89,7 +90,7 @@ def measure_run(model_dir, *, steps=None, data_dir=None, num_examples=512,
   steps = list(steps or reversed([checkpoints.checkpoint_step(p) for p in
                                   checkpoints.checkpoint_prefixes(model_dir)]))
   if not steps:
-    raise ValueError(f"no checkpoint in --model_dir={model_dir}")
+    raise errors.CheckpointError(f"no checkpoint in --model_dir={model_dir}")
   images, labels = next(iter(pipeline.build_dataset(
       run.config.dataset, run.dataset.train_split, num_examples,
       training=False, data_dir=data_dir, num_examples=num_examples,

@@ -9,8 +9,8 @@ with the step of its first NaN, not retried. `collect` reads what the runs
 wrote -- each run's metrics.jsonl, its one record: how it ended, its wall
 time and its curves -- and `write_report` turns it into results.json,
 results.md (a markdown table) and curves.png (training loss and test top-1
-against the step, one line per arm).
-`study_command` is what //bin:study does with them.
+against the step, one line per arm), given the settings it ran with
+(`report`). //bin:study's orchestration is `commands.study`.
 
 The budget scales the presets' schedules: with T = epochs x steps per epoch
 and T0 the preset's train_steps, every learning-rate boundary b becomes
@@ -25,8 +25,8 @@ import os
 
 import numpy as np
 
-from identity_tf import cli
 from identity_tf import configs
+from identity_tf import errors
 from identity_tf.training import run as run_lib
 
 # Where studies before metrics.jsonl recorded how it ended kept a run's
@@ -67,7 +67,7 @@ def run_config(arm, seed, *, dataset, epochs, num_train_examples,
     # name the budget the user chose, not a flag they did not set.
     enough = next(n for n in range(steps, base.train_steps + 1)
                   if len(set(_scaled_boundaries(base, n))) == len(boundaries))
-    raise ValueError(
+    raise errors.ConfigError(
         f"--epochs={epochs:g} is {steps} steps of {arm.name}, too few to keep "
         f"its preset's learning-rate drops (steps {list(base.lr_boundaries)}"
         f" of {base.train_steps}) apart: give --epochs="
@@ -121,14 +121,15 @@ def runs_of(study, arms=None, seeds=None):
   chosen = [arm for arm in study.arms if arms is None or arm.name in arms]
   unknown = sorted(set(arms or ()) - {arm.name for arm in study.arms})
   if unknown:
-    raise ValueError(f"study {study.name} has no arm {', '.join(unknown)}; "
-                     f"its arms: {', '.join(a.name for a in study.arms)}")
+    raise errors.ConfigError(
+        f"study {study.name} has no arm {', '.join(unknown)}; "
+        f"its arms: {', '.join(a.name for a in study.arms)}")
   return [(arm, seed) for arm in chosen
           for seed in (arm.seeds if seeds is None else seeds)]
 
 
 def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
-              width=None, arms=None, seeds=None, echo=print):
+              width=None, arms=None, seeds=None, echo=lambda line: None):
   """Trains every run of STUDY that has not finished; returns `collect`'s.
 
   ARMS (names) and SEEDS restrict the grid. ECHO receives one progress line
@@ -345,7 +346,7 @@ def markdown_table(results):
 
 def machines_note(results):
   """Which hardware each run trained on, for the table's images/s and
-  minutes: one line per machine (`distribute.machine`'s) with its runs and
+  minutes: one line per machine (`machine.describe`'s) with its runs and
   their images/s there, a run resumed elsewhere under each (the table's
   images/s is the median over all its machines); runs that have not
   started are left out; '' if no run recorded it."""
@@ -452,30 +453,11 @@ def _settings(results):
   return settings
 
 
-def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
-                  width=None, arms=None, seeds=None, report_only=False,
-                  echo=cli.print_stderr, result=print):
-  """What //bin:study does: trains the runs of study NAME (`configs.STUDIES`)
-  that have not finished -- none with REPORT_ONLY -- and writes the report
-  into OUTPUT_DIR (`write_report`), whose paths go to RESULT.
-
-  ECHO receives the progress (`run_study`). SIGTERM or Ctrl-C stops the
-  study with one line and the signal's exit status once the current run has
-  written a checkpoint: the same command resumes it.
-  """
-  from identity_tf.training import preemption  # pylint: disable=g-import-not-at-top
-  study = configs.STUDIES[name]
-  cli.prepare_output_dir(output_dir)  # Before hours of training, not after.
-  try:
-    if report_only:
-      results = collect(study, output_dir, arms=arms, seeds=seeds)
-    else:
-      results = run_study(study, output_dir, dataset=dataset, epochs=epochs,
-                          data_dir=data_dir, width=width, arms=arms,
-                          seeds=seeds, echo=echo)
-  except preemption.PreemptedError as e:
-    cli.exit_with(f"study stopped: {e}", e.exit_code)
+def report(results, output_dir, *, dataset, epochs, width):
+  """Writes RESULTS (`collect`'s) as the report of OUTPUT_DIR
+  (`write_report`), described by the runs' own settings where any run has
+  started, else by DATASET, EPOCHS and WIDTH (what the command asked for);
+  returns {kind: path}."""
   results.update(_settings(results) or
                  {"dataset": dataset, "epochs": epochs, "width": width})
-  for path in write_report(results, output_dir).values():
-    result(path)
+  return write_report(results, output_dir)

@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import machine
 from identity_tf.data import pipeline
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
@@ -313,7 +314,8 @@ def resolve(config, model_dir, strategy, *, data_dir=None, info=None):
 
 
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
-          cluster_timeout=600.0, echo=print, dataset_fn=None, verbose=False):
+          cluster_timeout=600.0, echo=lambda line: None, dataset_fn=None,
+          verbose=False):
   """Trains CONFIG in MODEL_DIR, resuming from its latest checkpoint.
 
   Args:
@@ -420,7 +422,7 @@ def _train(trainer, echo, verbose):
       echo(note)
   with metrics.MetricsWriter(run.model_dir, echo, enabled=trainer.chief,
                              verbose=verbose) as writer:
-    writer.start(trainer.step, machine=distribute.machine())
+    writer.start(trainer.step, machine=machine.describe())
     with preemption.Preemption(trainer.strategy, trainer.manager) as stop:
       try:
         result = _loop(trainer, writer, stop, echo)

@@ -1,7 +1,9 @@
 """What the binaries share: their first steps, their common flags, the paths
-a user types, and how a user runs a binary (for the commands that messages
-suggest). Pure Python and absl: no binary loads TensorFlow before its flags
-are checked (`begin` then starts it, quietly)."""
+a user types, errors as one line and an exit status, and how a user runs a
+binary (for the commands that messages suggest). Pure Python and absl: no
+binary loads TensorFlow before its flags are checked (`begin` then starts
+it, quietly). The command layer: nothing under identity_tf/ outside
+identity_tf/commands/ imports it."""
 
 import contextlib
 import dataclasses
@@ -17,6 +19,7 @@ from absl import flags
 from absl import logging
 
 from identity_tf import configs
+from identity_tf import errors
 
 
 def begin(argv, example="--help"):
@@ -121,12 +124,21 @@ def check_finite_flags():
 
 @contextlib.contextmanager
 def errors_as_exit():
-  """A ValueError (the library's one-line errors) becomes "error: ..." on
-  stderr and exit status 1, without a traceback."""
+  """A ValueError (the library's one-line errors: `errors.IdentityTfError`
+  and the few that are plain ValueErrors) becomes "error: ..." on stderr
+  and exit status 1, without a traceback."""
   try:
     yield
   except ValueError as e:
-    raise SystemExit(f"error: {e}") from None
+    raise SystemExit(f"error: {message(e)}") from None
+
+
+def message(error):
+  """ERROR's one line, the commands it suggests written the way this
+  process was run (`command`)."""
+  if isinstance(error, errors.IdentityTfError):
+    return error.render(lambda part: command(part.binary, part.args))
+  return str(error)
 
 
 def print_stderr(line):
@@ -256,122 +268,6 @@ def resolve_path(value):
   return os.path.normpath(os.path.join(base, value))
 
 
-def parse_numbers(values, kind, flag, example):
-  """A list flag's strings (or numbers) as KIND (int or float); ValueError
-  naming --FLAG, with EXAMPLE (e.g. "2,4,8") of what it takes."""
-  try:
-    return [kind(str(v)) for v in values]
-  except (TypeError, ValueError):
-    raise ValueError(f"--{flag} must be a comma-separated list of "
-                     f"{'integers' if kind is int else 'numbers'}, e.g. "
-                     f"--{flag}={example}; got {','.join(map(str, values))}"
-                     ) from None
-
-
-def check_output_file(path, flag):
-  """ValueError naming FLAG (as typed) unless PATH can become a file: run
-  before the work whose result it will hold."""
-  if os.path.isdir(path):
-    raise ValueError(f"{flag} is a directory; give a file path")
-  parent = os.path.dirname(path) or "."
-  if not os.path.isdir(parent):
-    raise ValueError(f"{flag}: directory {parent} does not exist; create it "
-                     "or give another path")
-
-
-def prepare_output_dir(path, flag="--output_dir"):
-  """PATH, created; ValueError naming FLAG before any work if it cannot be
-  (a file there, no permission)."""
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as error:
-    raise ValueError(f"{flag}={path} cannot be created "
-                     f"({error.strerror}); give a directory") from None
-  if not os.access(path, os.W_OK):
-    raise ValueError(f"{flag}={path} is not writable")
-  return path
-
-
-def write_whole(path, write, flag, suffix=""):
-  """WRITE(a temporary path ending in SUFFIX, e.g. ".png" for a writer that
-  picks its format by name), then rename it onto PATH: PATH is whole or
-  absent. ValueError naming FLAG if it cannot be written."""
-  directory, name = os.path.split(path)
-  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp{suffix}")
-  try:
-    write(temporary)
-    os.replace(temporary, path)
-  except OSError as e:
-    raise ValueError(f"cannot write {flag}: {e}") from None
-  finally:
-    if os.path.exists(temporary):
-      os.remove(temporary)
-
-
-def memory_bytes():
-  """This machine's physical memory in bytes (None where unknown)."""
-  try:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-  except (ValueError, OSError, AttributeError):
-    return None
-
-
-def _npy_claim(f, available):
-  """(shape, dtype, bytes claimed, bytes of data present) of the .npy
-  stream F (at its start), whose data may take AVAILABLE bytes from there
-  on; ValueError if its header is not numpy's."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  start = f.tell()
-  version = np.lib.format.read_magic(f)
-  reader = {(1, 0): np.lib.format.read_array_header_1_0,
-            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-  if reader is None:
-    raise ValueError(f"unsupported .npy format version {version}")
-  shape, _, dtype = reader(f)
-  claimed = math.prod(shape) * dtype.itemsize
-  return shape, dtype, claimed, available - (f.tell() - start)
-
-
-def check_array_file(path, name):
-  """ValueError (one line starting with NAME, how the user named PATH)
-  unless every array of the .npy or .npz file PATH holds the data its
-  header claims and fits in this machine's memory: refused before numpy
-  allocates what a 193-byte file may claim (terabytes). Files that are not
-  .npy/.npz are left to the caller."""
-  import zipfile  # pylint: disable=g-import-not-at-top
-  with open(path, "rb") as f:
-    magic = f.read(6)
-  arrays = []
-  try:
-    if magic == b"\x93NUMPY":
-      with open(path, "rb") as f:
-        arrays.append(("", *_npy_claim(f, os.path.getsize(path))))
-    elif magic[:2] == b"PK":
-      with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-          if info.filename.endswith(".npy"):
-            with archive.open(info) as f:
-              arrays.append((info.filename[:-4],
-                             *_npy_claim(f, info.file_size)))
-  except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-    raise ValueError(f"{name} is not a readable .npy/.npz file ("
-                     f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                     ")") from None
-  memory = memory_bytes()
-  for key, shape, dtype, claimed, present in arrays:
-    what = (f"{name}{f'[{key!r}]' if key else ''} claims a {dtype} array of "
-            f"shape {list(shape)} ({claimed} bytes)")
-    if dtype.hasobject:
-      continue  # Pickled objects: numpy refuses them (allow_pickle=False).
-    if memory is not None and claimed > memory:
-      raise ValueError(f"{what}, more than this machine's {memory} bytes of "
-                       "memory; pass a smaller array")
-    if claimed > present:
-      raise ValueError(f"{what} but holds {max(present, 0)} bytes of data: "
-                       "it is cut short or not what it says; save it again "
-                       "with numpy")
-
-
 def default_model_dir(preset):
   """runs/<preset> under the directory the user ran the command from."""
   return resolve_path(os.path.join("runs", preset))
@@ -380,10 +276,10 @@ def default_model_dir(preset):
 def command(binary, args=""):
   """The command line that runs bin/BINARY.py with ARGS the way this process
   was run: `identity-tf-NAME ARGS` from a pip-installed console script
-  (pyproject.toml), else `bazel run //bin:BINARY -- ARGS`."""
+  (pyproject.toml), else `bazel run //bin:BINARY -- ARGS` (`errors.Command`'s
+  form)."""
   if os.path.basename(sys.argv[0] if sys.argv else "").startswith(
       "identity-tf-"):
     line = f"identity-tf-{binary.replace('_', '-')}"
     return f"{line} {args}" if args else line
-  line = f"bazel run //bin:{binary}"
-  return f"{line} -- {args}" if args else line
+  return str(errors.Command(binary, args))

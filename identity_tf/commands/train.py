@@ -14,7 +14,8 @@ import sys
 
 import tensorflow as tf
 
-from identity_tf import cli
+from identity_tf import errors
+from identity_tf.commands import cli
 from identity_tf.data import tfds_data
 from identity_tf.training import config_file
 from identity_tf.training import distribute
@@ -51,7 +52,7 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
     cli.exit_with("interrupted before training started; nothing was written",
                   130)
   except ValueError as e:  # DatasetNotReadyError and NaN stops too.
-    cli.exit_with(f"error: {e}", 1)
+    cli.exit_with(f"error: {cli.message(e)}", 1)
   except tf.errors.OpError as e:
     cluster = config.strategy in distribute.CLUSTER_STRATEGIES
     cli.exit_with(
@@ -75,8 +76,8 @@ def _dry_run(config, model_dir, data_dir, progress, result):
                                                        data_dir),
                         model_dir, data_dir)
   if os.path.isfile(model_dir):
-    raise ValueError(f"--model_dir={model_dir} is a file, not a "
-                     "directory; pick another --model_dir")
+    raise errors.ConfigError(f"--model_dir={model_dir} is a file, not a "
+                             "directory; pick another --model_dir")
   config_file.check_resumable(model_dir, config)
   distribute.check_tf_config(config.strategy, progress)
   changed = config_file.changes(model_dir, config)

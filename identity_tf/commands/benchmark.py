@@ -9,8 +9,10 @@ import json
 import os
 import types
 
-from identity_tf import cli
 from identity_tf import configs
+from identity_tf import errors
+from identity_tf import machine
+from identity_tf.commands import cli
 
 # The flags recorded in the JSON beside the results.
 RECORDED_FLAGS = ("model", "width", "units", "batch_size", "precision",
@@ -29,8 +31,8 @@ def options_from_flags(values):
   for name, minimum in (("layers", 1), ("dims", 1), ("points", 2)):
     numbers = configs.parse_integers(name, getattr(options, name))
     if not numbers or min(numbers) < minimum:
-      raise ValueError(f"--{name} needs integers >= {minimum}, got "
-                       f"{','.join(map(str, numbers))}")
+      raise errors.ConfigError(f"--{name} needs integers >= {minimum}, got "
+                               f"{','.join(map(str, numbers))}")
     setattr(options, name, list(numbers))
   options.data_dir = cli.path(options.data_dir)
   options.model_dir = cli.path(options.model_dir)
@@ -43,8 +45,9 @@ def options_from_flags(values):
     options.json = cli.resolve_path(options.json)
     directory = os.path.dirname(options.json)
     if not os.path.isdir(directory):
-      raise ValueError(f"--json={given}: directory {directory} does not "
-                       "exist; create it or pick another path")
+      raise errors.ConfigError(
+          f"--json={given}: directory {directory} does not "
+          "exist; create it or pick another path")
   return options
 
 
@@ -57,27 +60,28 @@ def benchmark_command(flag_values, command_args, log=cli.print_stderr):
   command that reproduces it; LOG receives progress (stderr).
   """
   options = options_from_flags(flag_values)
+  options.log = log
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   # pylint: disable=g-import-not-at-top
   from identity_tf.bench import suites
   from identity_tf.bench import tools
   # pylint: enable=g-import-not-at-top
-  machine = tools.machine_info()
-  log(f"{options.suite} on {machine['cores']} cores ({machine['cpu']}), load "
-      f"average {machine['load_average']}")
+  measured_on = tools.machine_info()
+  log(f"{options.suite} on {measured_on['cores']} cores "
+      f"({measured_on['cpu']}), load average {measured_on['load_average']}")
   results, lines = suites.SUITES[options.suite](options)
-  machine["load_average_end"] = tools.load_average()
+  measured_on["load_average_end"] = machine.load_average()
   report = {
       "suite": options.suite,
       "command": "bazel run //bin:benchmark -- " + " ".join(command_args),
-      "machine": machine,
+      "machine": measured_on,
       "flags": {name: getattr(options, name) for name in RECORDED_FLAGS},
       "results": results,
       "summary": lines,
   }
-  print(f"{options.suite}, {machine['date_utc']} UTC, {machine['cores']} "
-        f"cores, load average {machine['load_average']} -> "
-        f"{machine['load_average_end']}")
+  print(f"{options.suite}, {measured_on['date_utc']} UTC, "
+        f"{measured_on['cores']} cores, load average "
+        f"{measured_on['load_average']} -> {measured_on['load_average_end']}")
   for line in lines:
     print(line)
   if options.json:

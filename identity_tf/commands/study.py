@@ -1,0 +1,40 @@
+"""What //bin:study does: train a study's unfinished runs, write its report.
+
+The study itself -- its grid, the runs, the report -- is `training.study`;
+this module adds what makes it a command: the output directory checked
+before hours of training, progress on stderr, the report's paths on stdout,
+and SIGTERM or Ctrl-C turned into one line and the signal's exit status.
+"""
+
+from identity_tf import configs
+from identity_tf import files
+from identity_tf.commands import cli
+from identity_tf.training import preemption
+from identity_tf.training import study as study_lib
+
+
+def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
+                  width=None, arms=None, seeds=None, report_only=False,
+                  echo=cli.print_stderr, result=print):
+  """Trains the runs of study NAME (`configs.STUDIES`) that have not
+  finished -- none with REPORT_ONLY -- and writes the report into
+  OUTPUT_DIR (`study.report`), whose paths go to RESULT.
+
+  ECHO receives the progress (`study.run_study`). SIGTERM or Ctrl-C stops
+  the study with one line and the signal's exit status once the current run
+  has written a checkpoint: the same command resumes it.
+  """
+  study = configs.STUDIES[name]
+  files.prepare_output_dir(output_dir)  # Before hours of training, not after.
+  try:
+    if report_only:
+      results = study_lib.collect(study, output_dir, arms=arms, seeds=seeds)
+    else:
+      results = study_lib.run_study(
+          study, output_dir, dataset=dataset, epochs=epochs,
+          data_dir=data_dir, width=width, arms=arms, seeds=seeds, echo=echo)
+  except preemption.PreemptedError as e:
+    cli.exit_with(f"study stopped: {e}", e.exit_code)
+  for path in study_lib.report(results, output_dir, dataset=dataset,
+                               epochs=epochs, width=width).values():
+    result(path)

@@ -1,0 +1,111 @@
+"""Files a user names: checked before the work, written whole.
+
+An output path is checked before the work whose result it will hold
+(`check_output_file`, `prepare_output_dir`), written through a temporary
+file renamed onto it (`write_whole`), and an input array file is checked
+against what it claims before numpy allocates (`check_array_file`). Each
+refusal is one line (`errors.OutputError`, `errors.DataError`). Pure Python
+(numpy is imported when an array file is checked).
+"""
+
+import math
+import os
+
+from identity_tf import errors
+from identity_tf import machine
+
+
+def check_output_file(path, flag):
+  """OutputError naming FLAG (as typed) unless PATH can become a file: run
+  before the work whose result it will hold."""
+  if os.path.isdir(path):
+    raise errors.OutputError(f"{flag} is a directory; give a file path")
+  parent = os.path.dirname(path) or "."
+  if not os.path.isdir(parent):
+    raise errors.OutputError(f"{flag}: directory {parent} does not exist; "
+                             "create it or give another path")
+
+
+def prepare_output_dir(path, flag="--output_dir"):
+  """PATH, created; OutputError naming FLAG before any work if it cannot be
+  (a file there, no permission)."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as error:
+    raise errors.OutputError(f"{flag}={path} cannot be created "
+                             f"({error.strerror}); give a directory") from None
+  if not os.access(path, os.W_OK):
+    raise errors.OutputError(f"{flag}={path} is not writable")
+  return path
+
+
+def write_whole(path, write, flag, suffix=""):
+  """WRITE(a temporary path ending in SUFFIX, e.g. ".png" for a writer that
+  picks its format by name), then rename it onto PATH: PATH is whole or
+  absent. OutputError naming FLAG if it cannot be written."""
+  directory, name = os.path.split(path)
+  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp{suffix}")
+  try:
+    write(temporary)
+    os.replace(temporary, path)
+  except OSError as e:
+    raise errors.OutputError(f"cannot write {flag}: {e}") from None
+  finally:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+
+
+def _npy_claim(f, available):
+  """(shape, dtype, bytes claimed, bytes of data present) of the .npy
+  stream F (at its start), whose data may take AVAILABLE bytes from there
+  on; ValueError if its header is not numpy's."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  start = f.tell()
+  version = np.lib.format.read_magic(f)
+  reader = {(1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+  if reader is None:
+    raise ValueError(f"unsupported .npy format version {version}")
+  shape, _, dtype = reader(f)
+  claimed = math.prod(shape) * dtype.itemsize
+  return shape, dtype, claimed, available - (f.tell() - start)
+
+
+def check_array_file(path, name):
+  """DataError (one line starting with NAME, how the user named PATH)
+  unless every array of the .npy or .npz file PATH holds the data its
+  header claims and fits in this machine's memory: refused before numpy
+  allocates what a 193-byte file may claim (terabytes). Files that are not
+  .npy/.npz are left to the caller."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+  with open(path, "rb") as f:
+    magic = f.read(6)
+  arrays = []
+  try:
+    if magic == b"\x93NUMPY":
+      with open(path, "rb") as f:
+        arrays.append(("", *_npy_claim(f, os.path.getsize(path))))
+    elif magic[:2] == b"PK":
+      with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+          if info.filename.endswith(".npy"):
+            with archive.open(info) as f:
+              arrays.append((info.filename[:-4],
+                             *_npy_claim(f, info.file_size)))
+  except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+    raise errors.DataError(
+        f"{name} is not a readable .npy/.npz file ("
+        f"{str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+  memory = machine.memory_bytes()
+  for key, shape, dtype, claimed, present in arrays:
+    what = (f"{name}{f'[{key!r}]' if key else ''} claims a {dtype} array of "
+            f"shape {list(shape)} ({claimed} bytes)")
+    if dtype.hasobject:
+      continue  # Pickled objects: numpy refuses them (allow_pickle=False).
+    if memory is not None and claimed > memory:
+      raise errors.DataError(f"{what}, more than this machine's {memory} "
+                             "bytes of memory; pass a smaller array")
+    if claimed > present:
+      raise errors.DataError(f"{what} but holds {max(present, 0)} bytes of "
+                             "data: it is cut short or not what it says; save "
+                             "it again with numpy")

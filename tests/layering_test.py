@@ -1,0 +1,122 @@
+"""The library and the command layer above it (DEVELOPERS.md, "Code").
+
+Everything that turns a run into a process -- flags, one-line errors on
+stderr, exit statuses, the command lines messages suggest -- lives in
+identity_tf/commands/ (and bin/). The library under it raises typed errors
+(identity_tf/errors.py) and reports through the `echo`/`log`/`emit`
+functions it is given: read with `ast`, no module outside
+identity_tf/commands/ imports that package (or the former identity_tf.cli),
+prints, writes to sys.stdout/sys.stderr, or ends the process.
+"""
+
+import ast
+import os
+
+from absl.testing import absltest
+
+import testing
+
+# Names a library module must not import: the command layer.
+_COMMAND_LAYER = ("identity_tf.commands", "identity_tf.cli")
+# Calls that end the process or write to the terminal.
+_EXITS = {("sys", "exit"), ("os", "_exit"), ("os", "abort")}
+_BUILTINS = {"print", "exit", "quit", "input", "breakpoint"}
+
+
+def _library_modules():
+  """(path relative to the source root, source) of every .py under
+  identity_tf/ but identity_tf/commands/."""
+  root = testing.source_root()
+  for directory, subdirectories, names in os.walk(
+      os.path.join(root, "identity_tf")):
+    subdirectories[:] = sorted(name for name in subdirectories
+                               if name not in ("commands", "__pycache__"))
+    for name in sorted(names):
+      if name.endswith(".py"):
+        path = os.path.join(directory, name)
+        with open(path) as f:
+          yield os.path.relpath(path, root), f.read()
+
+
+def _is_command_layer(name):
+  return any(name == layer or name.startswith(layer + ".")
+             for layer in _COMMAND_LAYER)
+
+
+def violations(source, filename="<source>"):
+  """The lines of SOURCE that import the command layer, print, write to
+  the terminal or end the process, as "LINE: what"."""
+  found = []
+  tree = ast.parse(source, filename)
+  called = {id(node.func) for node in ast.walk(tree)
+            if isinstance(node, ast.Call)}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [f"{node.lineno}: import {alias.name}" for alias in node.names
+                if _is_command_layer(alias.name)]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names = [f"{node.module}.{alias.name}" for alias in node.names]
+      found += [f"{node.lineno}: from {node.module} import "
+                f"{name.rsplit('.', 1)[1]}" for name in names
+                if _is_command_layer(name)]
+    elif isinstance(node, ast.Raise) and node.exc is not None:
+      exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+      if isinstance(exc, ast.Name) and exc.id == "SystemExit":
+        found.append(f"{node.lineno}: raise SystemExit")
+    elif isinstance(node, ast.Call):
+      func = node.func
+      if isinstance(func, ast.Name) and func.id in _BUILTINS:
+        found.append(f"{node.lineno}: {func.id}()")
+      elif (isinstance(func, ast.Attribute) and
+            isinstance(func.value, ast.Name) and
+            (func.value.id, func.attr) in _EXITS):
+        found.append(f"{node.lineno}: {func.value.id}.{func.attr}()")
+    elif (isinstance(node, ast.Attribute) and
+          isinstance(node.value, ast.Name) and node.value.id == "sys" and
+          node.attr in ("stdout", "stderr", "__stdout__", "__stderr__")):
+      found.append(f"{node.lineno}: sys.{node.attr}")
+    elif (isinstance(node, ast.Name) and node.id == "print" and
+          id(node) not in called):
+      found.append(f"{node.lineno}: print (passed as a function)")
+  return found
+
+
+class LayeringTest(absltest.TestCase):
+
+  def test_the_checker_finds_each_kind_of_violation(self):
+    # Each line is one violation; the checker must see every one of them.
+    lines = ["from identity_tf import commands",
+             "from identity_tf.commands import train",
+             "import identity_tf.cli",
+             "from identity_tf import cli",
+             "print('x')",
+             "sys.exit(1)",
+             "os._exit(3)",
+             "exit()",
+             "raise SystemExit('error: x')",
+             "sys.stderr.write('x')",
+             "f(echo=print)"]
+    for line in lines:
+      self.assertLen(violations(line), 1, line)
+    # What the library may do: take an echo function, raise its errors.
+    self.assertEqual(violations(
+        "from identity_tf import errors\n"
+        "def f(echo):\n  echo('x')\n  raise errors.ConfigError('x')\n"), [])
+
+  def test_no_library_module_prints_exits_or_imports_the_command_layer(self):
+    found = []
+    for path, source in _library_modules():
+      found += [f"{path}:{line}" for line in violations(source, path)]
+    self.assertEqual(found, [], "the library reaches into the command "
+                     "layer (identity_tf/commands/): move the code there, "
+                     "or raise an identity_tf.errors error instead")
+
+  def test_the_command_layer_exists(self):
+    # The check above would pass vacuously on a tree without the layer.
+    path = os.path.join(testing.source_root(), "identity_tf", "commands",
+                        "__init__.py")
+    self.assertTrue(os.path.exists(path), path)
+
+
+if __name__ == "__main__":
+  absltest.main()
