@@ -5,11 +5,11 @@ for each backend whose package is installed, a child process with
 KERAS_BACKEND set builds the CIFAR network at a small width, runs a forward
 pass and one `fit` step, and saves a `.keras` file; this process (TensorFlow)
 loads it and must compute the same logits. A backend whose package is
-missing is skipped, saying how to install it. Training, export and serving
+missing is skipped, saying how to install it -- except under CI=true, where
+it fails (`testing.require_optional_package`). Training, export and serving
 stay TensorFlow's (README.md).
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -52,8 +52,7 @@ class BackendsTest(parameterized.TestCase):
 
   @parameterized.parameters("jax", "torch")
   def test_layers_train_and_load_under_tensorflow(self, backend):
-    if importlib.util.find_spec(backend) is None:
-      self.skipTest(f"{backend} is not installed: {_INSTALL[backend]}")
+    testing.require_optional_package(self, backend, _INSTALL[backend])
     directory = self.create_tempdir().full_path
     images = np.random.default_rng(0).standard_normal(
         (4, 32, 32, 3)).astype(np.float32)

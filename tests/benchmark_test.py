@@ -4,10 +4,12 @@ Figures are never asserted (they depend on the machine and its load): the
 tests check what the figures are made of -- the FLOP count, the PyTorch
 reference being the same network, the JSON -- and that every suite runs at
 tiny sizes, with and without PyTorch. The PyTorch-dependent cases run only
-where torch imports (CI does not install requirements-benchmark.txt); the
-"PyTorch not installed" path is simulated and tested everywhere.
+where torch imports, and fail without it under CI=true (.ci/run installs
+requirements-benchmark.txt); the "PyTorch not installed" path is simulated
+and tested everywhere.
 """
 
+import functools
 import importlib.util
 import json
 import math
@@ -25,8 +27,18 @@ import testing
 # Found, not imported: importing torch takes seconds and the tests that do
 # not need it must not depend on it.
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
-needs_torch = absltest.skipIf(not HAVE_TORCH, "PyTorch is not installed "
-                              "(optional: requirements-benchmark.txt)")
+
+
+def needs_torch(test_method):
+  """TEST_METHOD runs where torch imports; elsewhere it is skipped, or fails
+  under CI=true (`testing.require_optional_package`)."""
+  @functools.wraps(test_method)
+  def wrapper(self, *args, **kwargs):
+    testing.require_optional_package(
+        self, "torch", "pip install -r requirements-benchmark.txt (optional)")
+    return test_method(self, *args, **kwargs)
+  return wrapper
+
 
 # Table 1, written out here independently of model.py and tools.py:
 # per stage (input channels, width, output size, units).

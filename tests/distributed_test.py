@@ -346,6 +346,53 @@ class DistributedTest(testing.ProcessTestCase):
     model, _, step = checkpoints.restore_model(model_dir)
     self.assertEqual(step, 20)
     self.assertTrue(all(np.all(np.isfinite(w)) for w in model.get_weights()))
+    # The workers' steps reached the weights (the parameter servers').
+    trained, start = _weights(model_dir), _weights_at_init()
+    self.assertGreater(max(np.max(np.abs(trained[name] - start[name]))
+                           for name in start), 100 * ATOL)
+
+  def test_parameter_server_with_one_worker_matches_one_process(self):
+    # One worker runs the coordinator's closures in order, on the input
+    # stream a one-process run reads: the same 20 steps, so the same
+    # weights and loss to float32 rounding, far from the initial weights.
+    root = self.create_tempdir().full_path
+    ps_dir, single_dir = (os.path.join(root, name)
+                          for name in ("parameter_server", "single"))
+    chief, ps, worker = _free_ports(3)
+    cluster = {"chief": [f"127.0.0.1:{chief}"], "ps": [f"127.0.0.1:{ps}"],
+               "worker": [f"127.0.0.1:{worker}"]}
+    args = [*TINY[:-1], "--strategy=parameter_server",
+            f"--model_dir={ps_dir}"]
+    servers = [self._start(args, {"cluster": cluster,
+                                  "task": {"type": kind, "index": 0}})
+               for kind in ("ps", "worker")]
+    coordinator = self._start(args, {"cluster": cluster,
+                                     "task": {"type": "chief", "index": 0}})
+    single = self._start([*TINY[:-1], f"--model_dir={single_dir}"])
+    output, single_output = self._wait(coordinator), self._wait(single)
+    for server in servers:
+      self.assertIsNone(server.poll())
+    self.assertIn("(parameter_server)", output)
+    distributed, one = _weights(ps_dir), _weights(single_dir)
+    self.assertEqual(sorted(distributed), sorted(one))
+    self.assertGreater(len(one), 5)
+    largest = max(np.max(np.abs(distributed[name] - one[name]))
+                  for name in one)
+    print(f"largest weight difference, parameter server vs 1: {largest:.3g}")
+    for name in one:
+      np.testing.assert_allclose(distributed[name], one[name], rtol=RTOL,
+                                 atol=ATOL, err_msg=name)
+    self.assertAlmostEqual(_last_loss(output), _last_loss(single_output),
+                           delta=2e-3 * _last_loss(single_output))
+    start = _weights_at_init()
+    moved = max(np.max(np.abs(one[name] - start[name])) for name in start)
+    self.assertGreater(moved, 100 * ATOL)
+
+
+def _last_loss(output):
+  """The training loss of the last progress line in OUTPUT."""
+  return float(re.findall(r"^step \d+/\d+: loss ([-+.\de]+),", output,
+                          re.MULTILINE)[-1])
 
 
 def _weights_at_init():

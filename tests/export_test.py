@@ -23,6 +23,7 @@ from unittest import mock
 
 from absl.testing import absltest
 import grpc
+import keras
 import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
@@ -30,7 +31,6 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from identity_tf import configs
 from identity_tf import errors
 from identity_tf import model as model_lib
-from identity_tf.data import preprocessing
 from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
 from identity_tf.serving import client
@@ -47,6 +47,57 @@ MODEL_NAME = "smoke"
 # Exported vs Keras outputs: the same float32 ops in a different graph; only
 # the order of floating-point reductions may differ.
 PROBABILITY_TOLERANCE = 1e-5
+
+def _position_pixels(height, width):
+  """A raw RGB image whose pixels encode their position (row r, column c):
+  red r, green c (ramps, which ImageNet's fixed normalisation keeps), blue
+  (7 r + 13 c) mod 256; each within 0-255 for images up to 256 pixels."""
+  rows, cols = np.meshgrid(np.arange(height), np.arange(width),
+                           indexing="ij")
+  return np.stack([rows % 256, cols % 256, (7 * rows + 13 * cols) % 256],
+                  -1).astype(np.float32)
+
+
+def _bilinear_resize(image, height, width):
+  """IMAGE [H, W, C] resized to HEIGHT x WIDTH in NumPy: bilinear with half-
+  pixel centres and no antialiasing (TensorFlow 2's tf.image.resize), each
+  output pixel at source coordinate (i + 0.5) * in / out - 0.5, clamped to
+  the image."""
+  def taps(out_size, in_size):
+    x = (np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5
+    low = np.floor(x)
+    weight = x - low
+    low = low.astype(int)
+    return (np.clip(low, 0, in_size - 1), np.clip(low + 1, 0, in_size - 1),
+            weight)
+  image = np.asarray(image, np.float64)
+  top, bottom, wy = taps(height, image.shape[0])
+  left, right, wx = taps(width, image.shape[1])
+  rows = (image[top] * (1 - wy)[:, None, None] +
+          image[bottom] * wy[:, None, None])
+  return (rows[:, left] * (1 - wx)[None, :, None] +
+          rows[:, right] * wx[None, :, None])
+
+
+# ImageNet's evaluation normalisation (torchvision's constants, 0-255).
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406]) * 255
+IMAGENET_STD = np.array([0.229, 0.224, 0.225]) * 255
+
+
+def _imagenet_input(image, resized, top, left, size=224):
+  """What the ImageNet export must feed its network for raw IMAGE, in
+  NumPy: resized to RESIZED (height, width), the SIZE x SIZE crop at (TOP,
+  LEFT), normalised per channel."""
+  crop = _bilinear_resize(image, *resized)[top:top + size, left:left + size]
+  assert crop.shape == (size, size, 3), crop.shape
+  return ((crop - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32)
+
+
+def _softmax(logits):
+  logits = np.asarray(logits, np.float64)
+  shifted = logits - logits.max(axis=-1, keepdims=True)
+  return np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
+
 
 def _run(config, info):
   """The `run.Run` of CONFIG on dataset INFO."""
@@ -98,9 +149,16 @@ class ExportTest(absltest.TestCase):
     # Held-out images of the dataset the model was trained on.
     images, _ = synthetic.arrays("test")
     cls.pixels = images[:6].astype(np.float32)
-    logits = cls.model(preprocessing.preprocess_for_eval(
-        cls.pixels, cls.trained_run.preprocessing), training=False)
-    cls.keras_probabilities = tf.nn.softmax(logits).numpy()
+    # What the export must answer, its preprocessing and softmax in NumPy:
+    # the 32x32 images need no padding; each is standardised over its H, W
+    # and channels, dividing by max(std, 1/sqrt(#values)).
+    x = cls.pixels.astype(np.float64)
+    mean = x.mean(axis=(1, 2, 3), keepdims=True)
+    std = np.sqrt(((x - mean) ** 2).mean(axis=(1, 2, 3), keepdims=True))
+    inputs = ((x - mean) / np.maximum(std, 1 / np.sqrt(x[0].size))).astype(
+        np.float32)
+    cls.keras_probabilities = _softmax(
+        cls.model(inputs, training=False).numpy())
     cls.keras_classes = np.argmax(cls.keras_probabilities, axis=-1)
     cls.double = None
     if cls.export_result.returncode == 0:
@@ -142,6 +200,11 @@ class ExportTest(absltest.TestCase):
     margins = top2[:, 1] - top2[:, 0]
     self.assertTrue(np.all(margins > 5 * 2 * PROBABILITY_TOLERANCE),
                     f"test images too close to call: top-2 margins {margins}")
+    # And the probabilities are far from uniform, which a near-constant
+    # output of any network would match within the tolerance.
+    from_uniform = np.abs(self.keras_probabilities - 1 / 10).max(axis=-1)
+    self.assertTrue(np.all(from_uniform > 100 * PROBABILITY_TOLERANCE),
+                    f"answers too close to 1/10: {from_uniform}")
 
   # -------------------------------------------------------------------------
   # The export.
@@ -260,12 +323,29 @@ class ExportTest(absltest.TestCase):
                           self.create_tempdir().full_path)
 
   def test_imagenet_export_resizes_any_size_inside_the_graph(self):
-    model = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
+    base = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
     run = _run(configs.resolve(
         "smoke", model="imagenet", dataset="imagenet2012", width=1 / 16,
         units=(1, 1, 1, 1), seed=3), tfds_data.dataset_info("imagenet2012"))
-    base = self.create_tempdir().full_path
-    version, path = export.export_model(model, run, 5, base)
+    # Position-encoding images; what the graph must make of them, worked
+    # out by hand: the shorter side resized to 256 (8/7 of 224), the other
+    # rounded, the central 224 x 224 crop.
+    wide, tall = _position_pixels(150, 260), _position_pixels(300, 200)
+    wide_input = _imagenet_input(wide, (256, 444), 16, 110)  # 260*256/150
+    tall_input = _imagenet_input(tall, (384, 256), 80, 16)   # = 443.7
+    # The untrained network answers about 1/1000 for every class (1e-3
+    # +- 1e-7); its logits scaled to a standard deviation of 3 are not.
+    inputs = np.stack([wide_input, tall_input])
+    scale = 3.0 / np.std(base(inputs).numpy())
+    image = keras.Input((224, 224, 3))
+    model = keras.Model(image, keras.layers.Rescaling(scale)(
+        base(image)))
+    expected = _softmax(model(inputs).numpy())
+    self.assertGreater(np.abs(expected - 1e-3).max(),
+                       100 * PROBABILITY_TOLERANCE)
+
+    base_dir = self.create_tempdir().full_path
+    version, path = export.export_model(model, run, 5, base_dir)
     self.assertEqual(version, 1)
     with open(os.path.join(path, export.MODEL_INFO_FILE)) as f:
       info = json.load(f)
@@ -274,23 +354,22 @@ class ExportTest(absltest.TestCase):
         info["signatures"]["serving_default"]["inputs"]["images"]["shape"],
         [-1, -1, -1, 3])
     loaded = tf.saved_model.load(path)
-    rng = np.random.default_rng(0)
-    # Integer pixel values: PNG holds them exactly.
-    wide = rng.integers(0, 256, (2, 150, 260, 3)).astype(np.float32)
-    outputs = loaded.signatures["serving_default"](images=tf.constant(wide))
-    expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
-        wide, run.preprocessing))).numpy()
-    self.assertEqual(outputs["probabilities"].shape, (2, 1000))
-    np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,
-                               atol=PROBABILITY_TOLERANCE)
-    # Files of different sizes in one batch.
-    tall = rng.integers(0, 256, (300, 200, 3)).astype(np.float32)
-    files = tf.constant([_png(wide[0]), _png(tall)])
+    outputs = loaded.signatures["serving_default"](
+        images=tf.constant(wide[np.newaxis]))
+    self.assertEqual(outputs["probabilities"].shape, (1, 1000))
+    np.testing.assert_allclose(outputs["probabilities"].numpy(),
+                               expected[:1], atol=PROBABILITY_TOLERANCE)
+    # A crop one pixel off, either way, or a resize to other sizes, gives
+    # answers far outside the tolerance: the check sees such a mistake.
+    for resized, top, left in (((256, 444), 17, 110), ((256, 444), 16, 111),
+                               ((256, 443), 16, 110)):
+      wrong = _softmax(model(_imagenet_input(wide, resized, top, left)[
+          np.newaxis]).numpy())
+      self.assertGreater(np.abs(wrong - expected[:1]).max(),
+                         100 * PROBABILITY_TOLERANCE, (resized, top, left))
+    # Files of different sizes in one batch (PNG holds integers exactly).
+    files = tf.constant([_png(wide), _png(tall)])
     outputs = loaded.signatures["predict_images"](images=files)
-    expected = tf.nn.softmax(model(tf.concat([
-        preprocessing.preprocess_for_eval(x[np.newaxis],
-                                           run.preprocessing)
-        for x in (wide[0], tall)], 0))).numpy()
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected,
                                atol=PROBABILITY_TOLERANCE)
 

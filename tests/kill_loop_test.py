@@ -4,9 +4,13 @@ A tiny --deterministic run (a checkpoint every 20 steps) is killed with
 SIGKILL again and again, each time at a random moment just after a progress
 line or a save, and resumed by running the same command. After every kill
 the newest intact checkpoint is at most one checkpoint interval behind the
-last step the run reported; at the end the weights are bit-identical to an
-uninterrupted run's. KILL_LOOP_ITERATIONS (default 5) sets how many kills;
-docs/training.md records a run of 50.
+last step the run reported, and the next session starts from it: its
+"start" record in metrics.jsonl is at that step, and its first progress
+line one --log_steps after it. At the end the weights are bit-identical to
+an uninterrupted run's (which alone would not show that any checkpoint was
+used: a run trained again from step 0 ends with the same weights).
+KILL_LOOP_ITERATIONS (default 5) sets how many kills; docs/training.md
+records a run of 50.
 """
 
 import os
@@ -61,9 +65,9 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
     cls.reference = _tensors(reference)
 
   def _run_until_killed(self, model_dir, rng):
-    """Starts the training, kills it at a random moment; returns (the last
-    step it reported, None or, if it ended before the kill, its exit status
-    and last line)."""
+    """Starts the training, kills it at a random moment; returns (the steps
+    of its progress lines, None or, if it ended before the kill, its exit
+    status and last line)."""
     process = self.start_binary("train", f"--model_dir={model_dir}", *FLAGS)
     lines = []
     reader = threading.Thread(
@@ -93,20 +97,28 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
     # and a line echoed just before the kill may not be in metrics.jsonl.
     steps = [int(m.group(1)) for m in
              (re.match(r"step (\d+)/", l) for l in lines) if m]
-    return (max(steps) if steps else 0), finished or None
+    return steps, finished or None
 
   def test_never_loses_more_than_one_interval(self):
     rng = random.Random(2017)
     model_dir = os.path.join(self.create_tempdir().full_path, "run")
     kills = 0
+    resumed_from = [0]  # The step each session must start from.
     while kills < ITERATIONS:
-      reported, finished = self._run_until_killed(model_dir, rng)
+      steps, finished = self._run_until_killed(model_dir, rng)
       self.assertIsNone(finished, f"the run ended by itself after {kills} of "
                         f"{ITERATIONS} kills ({finished}); if it finished "
                         "training, raise TRAIN_STEPS")
+      # Its first progress line is the first --log_steps (5) after the
+      # checkpoint it resumed from.
+      self.assertEqual(steps[:1], [resumed_from[-1] + 5],
+                       f"session {kills + 1} should have resumed from step "
+                       f"{resumed_from[-1]}")
+      reported = max(steps)
       kills += 1
       intact, damaged = checkpoints.intact_checkpoints(model_dir)
       newest = checkpoints.checkpoint_step(intact[0]) if intact else 0
+      resumed_from.append(newest)
       self.assertGreaterEqual(newest, reported - CHECKPOINT_STEPS,
                               f"kill {kills}: reported step {reported}, "
                               f"newest intact checkpoint {newest}, damaged "
@@ -116,6 +128,16 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
                if damaged else ""))
     testing.run_binary("train", f"--model_dir={model_dir}", *FLAGS, *QUIET,
                        check=True)
+    # Each session's "start" record in metrics.jsonl is the newest intact
+    # checkpoint after the kill before it; its first progress record (if it
+    # wrote one before its kill) is one --log_steps (5) on, the last
+    # session's (QUIET) at the end.
+    sessions = testing.sessions(model_dir)
+    self.assertEqual([start for start, _ in sessions], resumed_from)
+    expected_first = [start + 5 for start in resumed_from[:-1]] + [TRAIN_STEPS]
+    for (_, first), expected in zip(sessions, expected_first):
+      self.assertIn(first, (None, expected), sessions)
+    self.assertEqual(sessions[-1][1], TRAIN_STEPS)
     final = _tensors(model_dir)
     self.assertEqual(sorted(final), sorted(self.reference))
     for name, value in self.reference.items():

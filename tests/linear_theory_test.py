@@ -36,6 +36,27 @@ def sequential_product(a):
   return result
 
 
+def theorem_2_1_bound(gamma, layers):
+  """Theorem 2.1 of Hardt & Ma, "Identity Matters in Deep Learning" (ICLR
+  2017), written out from the paper, not from linear.py: for R with
+  gamma = max(|log sigma_max(R)|, |log sigma_min(R)|) and l >= 3 gamma there
+  is a global optimum A of the population risk, R = (I + A_l)...(I + A_1),
+  with |||A||| = max_i ||A_i|| <= 2 (sqrt(pi) + sqrt(3 gamma))^2 / l."""
+  assert layers >= 3 * gamma - 1e-12, (layers, gamma)  # The hypothesis.
+  return 2 * (math.sqrt(math.pi) + math.sqrt(3 * gamma)) ** 2 / layers
+
+
+def theorem_2_1_gamma(r):
+  """Theorem 2.1's gamma of R, from NumPy's singular values."""
+  singular = np.linalg.svd(r, compute_uv=False)
+  return max(abs(math.log(singular[0])), abs(math.log(singular[-1])))
+
+
+def largest_layer_norm(a):
+  """|||A||| = max_i ||A_i||, spectral norms by NumPy."""
+  return float(np.max(np.linalg.norm(np.asarray(a), ord=2, axis=(1, 2))))
+
+
 def rank_deficient(d, rank, sign):
   """A d x d product of (d x RANK) (RANK x d) Gaussians whose rounding
   leaves det of sign SIGN (slogdet, NumPy): singular in exact arithmetic,
@@ -175,6 +196,17 @@ class FactorizeTest(absltest.TestCase):
     report = lt.factorization_report(r, a)
     self.assertLess(report["residual"],
                     1e-11 * max(1.0, np.linalg.norm(r)) * max(1, layers / 10))
+    # Theorem 2.1 as the paper states it, on |||A||| measured by NumPy; and
+    # the report's gamma and bound are the paper's.
+    gamma = theorem_2_1_gamma(r)
+    bound = theorem_2_1_bound(gamma, layers)
+    self.assertLessEqual(largest_layer_norm(a), bound * (1 + 1e-12))
+    # (Each bound at its own gamma: sqrt(3 gamma) magnifies the round-off of
+    # a gamma of 0.)
+    self.assertAlmostEqual(report["gamma"], gamma, delta=1e-9 * max(1, gamma))
+    self.assertAlmostEqual(
+        report["bound"], theorem_2_1_bound(report["gamma"], layers),
+        delta=1e-12 * bound)
     self.assertLessEqual(report["max_norm"], report["bound"])
     self.assertLessEqual(report["max_norm"], report["bound_additive"])
     np.testing.assert_allclose(sequential_product(a), r, atol=1e-9 * max(
@@ -224,7 +256,7 @@ class FactorizeTest(absltest.TestCase):
         rot = 2 * math.sin(math.pi / (2 * k_rot)) if k_rot else 0.0
         scale = math.expm1(gamma / k_scale) if k_scale else 0.0
         worst = max(rot, scale)
-        self.assertLessEqual(worst, lt.iclr_bound(gamma, layers))
+        self.assertLessEqual(worst, theorem_2_1_bound(gamma, layers))
         self.assertLessEqual(worst, lt.additive_bound(gamma, layers))
 
   def test_errors(self):
@@ -407,9 +439,13 @@ class BinaryTest(absltest.TestCase):
     self.assertEqual(report["layers"], 9)
     self.assertEqual(report["d"], 5)
     self.assertLess(report["residual"], 1e-12)
-    self.assertLessEqual(report["max_norm"], report["bound"])
     with np.load(os.path.join(self.tmp.name, "A.npz")) as data:
       a = data["A"]
+    bound = theorem_2_1_bound(theorem_2_1_gamma(self.target), 9)
+    self.assertAlmostEqual(report["gamma"], theorem_2_1_gamma(self.target),
+                           places=9)
+    self.assertAlmostEqual(report["bound"], bound, delta=1e-9 * bound)
+    self.assertLessEqual(largest_layer_norm(a), bound)
     self.assertEqual(a.shape, (9, 5, 5))
     self.assertEqual(a.dtype, np.float64)
     np.testing.assert_allclose(sequential_product(a), self.target, atol=1e-12)

@@ -14,8 +14,6 @@ from identity_tf import configs
 from identity_tf import machine
 from identity_tf import model as model_lib
 from identity_tf.bench import rounding
-from identity_tf.data import preprocessing
-from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
 from identity_tf.serving import export as export_lib
 from identity_tf.training import checkpoints
@@ -28,6 +26,13 @@ TINY = dict(width=0.125, units=1, seed=5)
 # bfloat16 keeps 8 significant bits (relative step 2^-8 = 0.4 %), float16 11;
 # a tiny network's probabilities move by a few such steps.
 BF16_PROBABILITY_TOLERANCE = 2e-2
+# An export's probabilities against NumPy's softmax of a float32 restore of
+# the same weights, per precision: float32 differs in the order of its
+# reductions only; the 16-bit ones by a few rounding steps of their logits
+# (measured in RunTest, logits of standard deviation 3: 7.5e-7, 1.9e-3 for
+# float16, 2.0e-2 for bfloat16).
+EXPORT_TOLERANCE = {"float32": 1e-5, "mixed_float16": 5e-3,
+                    "mixed_bfloat16": 4e-2}
 
 
 def _tiny_config(**overrides):
@@ -57,6 +62,44 @@ def _batch(n=16, seed=0):
   rng = np.random.default_rng(seed)
   return (rng.standard_normal((n, 32, 32, 3)).astype(np.float32),
           rng.integers(0, 10, n).astype(np.int32))
+
+
+def _position_pixels(count, shift=0):
+  """COUNT raw 32x32 RGB images whose pixels encode their position (row r,
+  column c): red 8 r, green 8 c, blue (37 r + 11 c) mod 256, each image
+  offset a little. SHIFT moves the rows by that many pixels: what a crop one
+  pixel off would show (a different red at every pixel)."""
+  rows, cols = np.meshgrid(np.arange(32) + shift, np.arange(32),
+                           indexing="ij")
+  return np.array([np.stack([(8 * rows + 3 * i) % 256,
+                             (8 * cols + 5 * i) % 256,
+                             (37 * rows + 11 * cols + 50 * i) % 256], -1)
+                   for i in range(count)], np.float32)
+
+
+def _per_image_standardized(pixels):
+  """CIFAR's evaluation input in NumPy (no padding: the images are 32x32):
+  each image minus its mean over H, W and channels, divided by max(its
+  standard deviation, 1/sqrt(#values))."""
+  x = pixels.astype(np.float64)
+  mean = x.mean(axis=(1, 2, 3), keepdims=True)
+  std = np.sqrt(((x - mean) ** 2).mean(axis=(1, 2, 3), keepdims=True))
+  return ((x - mean) / np.maximum(std, 1 / np.sqrt(x[0].size))).astype(
+      np.float32)
+
+
+def _softmax(logits):
+  shifted = logits - logits.max(axis=-1, keepdims=True)
+  return np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
+
+
+def _scaled(model, scale):
+  """MODEL with its logits multiplied by SCALE: an untrained or briefly
+  trained tiny network answers about 1/10 for every class, which any
+  near-constant output would match."""
+  image = keras.Input(model.input_shape[1:])
+  return keras.Model(image, keras.layers.Rescaling(scale)(
+      keras.ops.cast(model(image), "float32")))
 
 
 def _agc_factors(grads, weights, agc_clip, epsilon=1e-3):
@@ -349,8 +392,7 @@ class RunTest(testing.SharedRootTestCase):
     # the uninterrupted run, bit for bit (optimizer, loss scale and input
     # position are in the checkpoint); its export serves float32 and agrees
     # with a float32 restore of the same checkpoint.
-    images, _ = synthetic.arrays("test")
-    pixels = images[:8].astype(np.float32)
+    pixels = _position_pixels(8)
     for precision in configs.PRECISIONS:
       with self.subTest(precision):
         config = configs.resolve(
@@ -362,7 +404,14 @@ class RunTest(testing.SharedRootTestCase):
         trainer_lib.train(config, whole, echo=lambda _: None)
         trainer_lib.train(configs.override(config, train_steps=10), parts,
                           echo=lambda _: None)
-        trainer_lib.train(config, parts, echo=lambda _: None)
+        lines = []
+        trainer_lib.train(config, parts, echo=lines.append)
+        # The second session starts from ckpt-10: it says so, its "start"
+        # record is at 10 and its first progress record at 20 (a run that
+        # trained again from step 0 would end with the same weights).
+        self.assertIn(f"resumed from {os.path.join(parts, 'ckpt-10')} at "
+                      "step 10", lines)
+        self.assertEqual(testing.sessions(parts), [(0, 10), (10, 20)])
         resumed, uninterrupted = (
             checkpoints.restore_model(d)[0].get_weights()
             for d in (parts, whole))
@@ -382,11 +431,37 @@ class RunTest(testing.SharedRootTestCase):
             tf.float32)
         served = signature(images=tf.constant(pixels))["probabilities"]
         self.assertEqual(served.dtype, tf.float32)
-        model, run, _ = checkpoints.restore_model(parts, precision="float32")
-        expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
-            pixels, run.preprocessing), training=False)).numpy()
-        np.testing.assert_allclose(served.numpy(), expected,
-                                   atol=BF16_PROBABILITY_TOLERANCE)
+        # The values: an export of the run's network in its precision, its
+        # logits scaled so that its answers are far from 1/10, against
+        # NumPy's preprocessing and softmax of a float32 restore of the
+        # same weights, within this precision's tolerance.
+        tolerance = EXPORT_TOLERANCE[precision]
+        reference, run, step = checkpoints.restore_model(
+            parts, precision="float32")
+        inputs = _per_image_standardized(pixels)
+        scale = 3.0 / np.std(reference(inputs, training=False).numpy())
+        reference = _scaled(reference, scale)
+
+        def expected(inputs):
+          return _softmax(reference(inputs, training=False).numpy().astype(
+              np.float64))
+
+        model, _, _ = checkpoints.restore_model(parts)  # In PRECISION.
+        _, scaled_dir = export_lib.export_model(
+            _scaled(model, scale), run, step,
+            os.path.join(self.root, f"{precision}_scaled"))
+        served = tf.saved_model.load(scaled_dir).signatures[
+            "serving_default"](images=tf.constant(pixels))["probabilities"]
+        np.testing.assert_allclose(served.numpy(), expected(inputs),
+                                   atol=tolerance)
+        # The check has teeth: the answers are far from uniform (0.72
+        # measured), and images one pixel off have answers far outside the
+        # tolerance (0.25 measured).
+        self.assertGreater(np.abs(served.numpy() - 0.1).max(),
+                           5 * tolerance)
+        shifted = expected(_per_image_standardized(_position_pixels(8, 1)))
+        self.assertGreater(np.abs(expected(inputs) - shifted).max(),
+                           5 * tolerance)
 
   def test_switching_into_float16_on_resume_is_refused(self):
     model_dir = os.path.join(self.root, "switch")

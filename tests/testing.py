@@ -3,6 +3,7 @@
 import concurrent.futures
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -193,6 +194,43 @@ def normalization_layers(model):
     found += [layer] if isinstance(layer, norms) else []
     stack += model_lib.sublayers(layer)
   return found
+
+
+def sessions(model_dir):
+  """[(start step, step of its first progress record or None)] of each
+  session of training in MODEL_DIR's metrics.jsonl, in order: read here
+  line by line, not through identity_tf.training.metrics (a line a kill cut
+  short is skipped). A session's "start" record is the step it restored;
+  its first progress record the first step it trained to and reported."""
+  found = []
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if record.get("start"):
+        found.append([record["step"], None])
+      elif found and found[-1][1] is None and "train_steps" in record:
+        found[-1][1] = record["step"]
+  return [tuple(session) for session in found]
+
+
+def require_optional_package(test, package, install):
+  """Skips TEST (an absltest.TestCase, from inside a test method) unless the
+  optional PACKAGE imports; INSTALL says how to install it.
+
+  Under CI=true a missing package fails the test instead: .ci/run installs
+  every optional package, so there a skip would only hide a broken setup
+  (Bazel reports a skipped test as PASSED).
+  """
+  if importlib.util.find_spec(package) is not None:
+    return
+  message = f"{package} is not installed: {install}"
+  if os.environ.get("CI") == "true":
+    test.fail(f"{message}; CI=true, where every optional package must be "
+              "installed (.ci/run installs them), so this is not skipped")
+  test.skipTest(message)
 
 
 def flag_error(result):

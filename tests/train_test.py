@@ -335,12 +335,15 @@ class TrainingTest(absltest.TestCase):
     trainer.train(config, model_dir, echo=lambda line: None)
     path = tf.train.latest_checkpoint(model_dir)
     saved = _checkpoint_tensors(path)
-    # A fresh model and optimizer, restored the way train() restores them.
-    model = checkpoints.build_model(run_lib.resolve(config, SYNTHETIC, None))
-    optimizer = trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None))
-    optimizer.build(model.trainable_variables)
-    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
-        path).expect_partial()
+    # A fresh Trainer, restored by the trainer's own restore from the
+    # checkpoint training resumes from.
+    fresh = trainer.Trainer(run_lib.resolve(config, SYNTHETIC, model_dir),
+                            tf.distribute.get_strategy())
+    self.assertEqual(fresh.step, 0)
+    self.assertEqual(checkpoints.resume_point(model_dir), path)
+    fresh.restore(checkpoints.resume_point(model_dir))
+    model, optimizer = fresh.model, fresh.optimizer
+    self.assertEqual(fresh.step, 10)
     self.assertEqual(int(optimizer.iterations.numpy()), 10)
     slots = [v for v in optimizer.variables
              if v is not optimizer.iterations and "momentum" in v.path]
@@ -352,6 +355,26 @@ class TrainingTest(absltest.TestCase):
     on_disk = sorted(np.asarray(s).tobytes() for s in saved_slots
                      if np.ndim(s) > 0)
     self.assertEqual(restored, on_disk)
+    # The weights too: the trainer's, and checkpoints.restore_model's
+    # (what evaluate and export restore), are the checkpoint's, and not a
+    # fresh network's.
+    weights = sorted(np.asarray(v.numpy()).tobytes()
+                     for v in model.trainable_variables)
+    saved_weights = sorted(
+        np.asarray(value).tobytes() for name, value in saved.items()
+        if name.startswith("optimizer/_trainable_variables/"))
+    self.assertLen(saved_weights, len(weights))
+    self.assertEqual(weights, saved_weights)
+    restored_model, _, step = checkpoints.restore_model(model_dir)
+    self.assertEqual(step, 10)
+    self.assertEqual(sorted(np.asarray(v.numpy()).tobytes()
+                            for v in restored_model.trainable_variables),
+                     saved_weights)
+    untrained = trainer.Trainer(run_lib.resolve(config, SYNTHETIC, model_dir),
+                                tf.distribute.get_strategy())
+    self.assertNotEqual(sorted(np.asarray(v.numpy()).tobytes() for v in
+                               untrained.model.trainable_variables),
+                        saved_weights)
 
   def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(self):
     model_dir = self.create_tempdir().full_path
@@ -526,12 +549,23 @@ class InterruptionTest(testing.ProcessTestCase):
     _wait_for_line(process.stderr, "saved checkpoint")
     process.send_signal(signal.SIGKILL)
     self.assertEqual(process.wait(timeout=60), -signal.SIGKILL)
-    killed_at = checkpoints.checkpoint_step(tf.train.latest_checkpoint(model_dir))
-    self.assertLess(killed_at, KILL_RUN_STEPS)  # Really killed mid-way.
+    intact, _ = checkpoints.intact_checkpoints(model_dir)
+    killed_at = checkpoints.checkpoint_step(intact[0])
+    self.assertBetween(killed_at, 10, KILL_RUN_STEPS - 10)  # Mid-way.
     resumed = testing.run_binary("train", f"--model_dir={model_dir}",
                                  *self.flags, check=True)
-    self.assertIn(f"resumed from {os.path.join(model_dir, 'ckpt-')}",
+    # The resumed run starts at the newest intact checkpoint: its "start"
+    # record, its first progress line and what it says. (Identical final
+    # weights alone would not show it: a run that ignored the checkpoint
+    # and trained again from step 0 ends with them too.)
+    self.assertIn(f"resumed from {intact[0]} at step {killed_at}\n",
                   resumed.stderr)
+    progress = re.findall(r"^step (\d+)/", resumed.stderr, re.MULTILINE)
+    self.assertEqual(int(progress[0]), killed_at + 10)
+    sessions = testing.sessions(model_dir)
+    self.assertLen(sessions, 2)
+    self.assertEqual(sessions[0][0], 0)
+    self.assertEqual(sessions[1], (killed_at, killed_at + 10))
     self._assert_matches_reference(model_dir)
 
   def test_ctrl_c_writes_a_checkpoint_like_sigterm(self):
@@ -542,11 +576,17 @@ class InterruptionTest(testing.ProcessTestCase):
     self.assertEqual(process.wait(timeout=60), 128 + signal.SIGINT)
     rest = process.stderr.read()
     self.assertNotIn("Traceback", rest)
-    self.assertRegex(rest.strip().splitlines()[-1],
-                     r"^stopped by SIGINT at step \d+; wrote checkpoint "
-                     r".*ckpt-\d+; run the same command again to resume$")
+    stop = re.fullmatch(r"stopped by SIGINT at step (\d+); wrote checkpoint "
+                        r".*ckpt-(\d+); run the same command again to resume",
+                        rest.strip().splitlines()[-1])
+    self.assertIsNotNone(stop, rest)
+    stopped_at = int(stop.group(1))
+    self.assertEqual(int(stop.group(2)), stopped_at)
     testing.run_binary("train", f"--model_dir={model_dir}", *self.flags,
                        check=True)
+    # The second session starts where Ctrl-C stopped the first.
+    sessions = testing.sessions(model_dir)
+    self.assertEqual([start for start, _ in sessions], [0, stopped_at])
     self._assert_matches_reference(model_dir)
 
   def test_sigterm_stops_slow_steps_within_a_call_of_seconds(self):
@@ -666,6 +706,8 @@ class InterruptionTest(testing.ProcessTestCase):
     self.assertEqual(first["global_step"], stopped_at)
     trainer.train(config, model_dir, echo=lambda line: None)
     self.assertEqual(watcher.wait(timeout=180), 0)
+    self.assertEqual([start for start, _ in testing.sessions(model_dir)],
+                     [0, stopped_at])
     steps = [first["global_step"]] + [
         json.loads(line)["global_step"] for line in watcher.stdout
         if line.startswith("{")]

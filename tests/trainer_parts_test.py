@@ -1,8 +1,8 @@
 """The parts of the training loop that a whole training cannot reach
 cheaply: the merge of the step's named outputs (over steps and
 parameter-server closures), the progress line a person reads, a progress
-line's speed around an evaluation, and the save that fails half-way (a full
-disk)."""
+line's speed around an evaluation, the save that fails half-way (a full
+disk), and the evaluation's loss, top-1 and top-5 against NumPy."""
 
 import errno
 import os
@@ -10,13 +10,18 @@ import time
 from unittest import mock
 
 from absl.testing import absltest
+import keras
 import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import model as model_lib
+from identity_tf.data import datasets
+from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
 from identity_tf.training import diagnostics
+from identity_tf.training import evaluation
 from identity_tf.training import metrics
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
@@ -237,6 +242,80 @@ class ProgressLineTest(absltest.TestCase):
     for record, line in zip(records + records, written):
       self.assertEqual({k: v for k, v in line.items() if k != "time"}.keys(),
                        record.keys())
+
+
+def _standardized_per_image(images):
+  """CIFAR's evaluation input in NumPy: each raw image minus its mean over
+  H, W and channels, divided by max(its standard deviation, 1/sqrt(#values))
+  (tf.image.per_image_standardization's definition, written out)."""
+  x = images.astype(np.float64)
+  axes = (1, 2, 3)
+  mean = x.mean(axis=axes, keepdims=True)
+  std = np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True))
+  floor = 1.0 / np.sqrt(np.prod(x.shape[1:]))
+  return ((x - mean) / np.maximum(std, floor)).astype(np.float32)
+
+
+class EvaluationTest(absltest.TestCase):
+  """evaluation.make_evaluator and evaluate against NumPy: on the first 37
+  test images of the synthetic dataset (two batches of 16 and one of 5),
+  the mean cross-entropy, top-1 and top-5 of a tiny network whose logits
+  are scaled so that they are far from uniform (an evaluator that returned
+  log(10), or chance, would be told apart)."""
+
+  EXAMPLES, BATCH = 37, 16
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.info = datasets.synthetic_info()
+    cls.preprocessing = datasets.preprocessing_config(cls.info)
+    images, labels = synthetic.arrays(cls.info.eval_split)
+    cls.labels = labels[:cls.EXAMPLES].astype(np.int64)
+    inputs = _standardized_per_image(images[:cls.EXAMPLES])
+    base = model_lib.build_model("cifar10", width=0.125, units=1, seed=3)
+    raw = base(inputs, training=False).numpy().astype(np.float64)
+    # Logits of standard deviation 3: probabilities far from 1/10.
+    scale = 3.0 / raw.std()
+    image = keras.Input((32, 32, 3))
+    cls.model = keras.Model(image, keras.layers.Rescaling(scale)(base(image)))
+    cls.logits = cls.model(inputs, training=False).numpy().astype(np.float64)
+
+  def _reference(self):
+    """(loss, top1, top5) of self.logits and self.labels in NumPy."""
+    logits, labels = self.logits, self.labels
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1,
+                                                             keepdims=True))
+    rows = np.arange(len(labels))
+    loss = -log_probabilities[rows, labels].mean()
+    # The label's rank: how many classes have a larger logit.
+    label_logit = logits[rows, labels][:, None]
+    rank = (logits > label_logit).sum(axis=1)
+    # No near-ties with the label's logit: the float32 pipeline (logits
+    # within about 1e-5 of these) ranks every label the same.
+    gaps = np.abs(logits - label_logit)
+    gaps[rows, labels] = np.inf
+    self.assertGreater(gaps.min(), 1e-4)
+    return loss, np.mean(rank < 1), np.mean(rank < 5)
+
+  def test_loss_top1_top5_are_numpys(self):
+    loss, top1, top5 = self._reference()
+    # The reference is not degenerate: a constant or uniform answer fails.
+    self.assertGreater(abs(loss - np.log(10)), 0.3)
+    self.assertTrue(0 < top1 < top5 < 1, (top1, top5))
+    evaluator = evaluation.make_evaluator(
+        self.model, "synthetic", self.info, self.preprocessing,
+        batch_size=self.BATCH, num_examples=self.EXAMPLES)
+    for scores in (evaluator(), evaluator(),  # The pipeline is reused.
+                   evaluation.evaluate(
+                       self.model, "synthetic", self.info, self.preprocessing,
+                       batch_size=self.BATCH, num_examples=self.EXAMPLES)):
+      self.assertEqual(scores["examples"], self.EXAMPLES)
+      self.assertAlmostEqual(scores["loss"], loss, delta=1e-5 * loss)
+      # Exact fractions of 37: one example more or less is 0.027.
+      self.assertAlmostEqual(scores["top1"], top1, places=9)
+      self.assertAlmostEqual(scores["top5"], top5, places=9)
 
 
 class FailedSaveTest(absltest.TestCase):
