@@ -246,6 +246,10 @@ class TrainingTest(absltest.TestCase):
     # --model_dir: it must default to runs/smoke there.
     user_dir = self.create_tempdir().full_path
     env = dict(os.environ, BUILD_WORKING_DIRECTORY=user_dir)
+    # As a user starts it: importing TensorFlow in this process set
+    # TF_CPP_MIN_LOG_LEVEL=1 where jax is installed (CI), and the binary
+    # takes a level that is set as the user's choice.
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     result = testing.run_binary("train", "--preset=smoke", "--train_steps=200",
                                 "--checkpoint_steps=100",
                                 "--num_eval_examples=500", env=env, check=True)
