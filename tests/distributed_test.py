@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 
@@ -43,16 +42,6 @@ TIMEOUT = 300  # Seconds any one process may take.
 # same 16 examples in one batch. Float32 summation order differs, so the
 # weights agree to rounding, amplified a little by 20 momentum steps.
 RTOL, ATOL = 1e-4, 1e-6
-
-
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
 
 
 def _read(process):
@@ -96,7 +85,7 @@ class DistributedTest(testing.ProcessTestCase):
     root = self.create_tempdir().full_path
     single_dir = os.path.join(root, "single")
     multi_dir = os.path.join(root, "multi")
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in testing.free_ports(2)]}
     workers = [
         self._start([*TINY, "--strategy=multi_worker_mirrored",
                      f"--model_dir={multi_dir}"],
@@ -133,7 +122,7 @@ class DistributedTest(testing.ProcessTestCase):
     # makes every worker save at the same step and stop, instead of leaving
     # the peer waiting in the all-reduce. Re-running resumes them.
     model_dir = self.create_tempdir().full_path
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in testing.free_ports(2)]}
     args = [*TINY, "--strategy=multi_worker_mirrored", "--train_steps=2000",
             "--checkpoint_steps=1000", "--steps_per_loop=1", "--log_steps=5",
             f"--model_dir={model_dir}"]
@@ -170,7 +159,7 @@ class DistributedTest(testing.ProcessTestCase):
   def test_a_cluster_that_never_forms_stops_with_one_line(self):
     # One worker of two: it waits for its peer -- for --cluster_timeout
     # seconds, and SIGTERM or Ctrl-C stops the wait at once.
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in testing.free_ports(2)]}
     task = {"cluster": cluster, "task": {"type": "worker", "index": 0}}
     model_dir = self.create_tempdir().full_path
     args = [*TINY, "--strategy=multi_worker_mirrored", "--cluster_timeout=5",
@@ -327,7 +316,7 @@ class DistributedTest(testing.ProcessTestCase):
 
   def test_parameter_server_trains_and_checkpoints(self):
     model_dir = self.create_tempdir().full_path
-    chief, ps, worker0, worker1 = _free_ports(4)
+    chief, ps, worker0, worker1 = testing.free_ports(4)
     cluster = {"chief": [f"127.0.0.1:{chief}"], "ps": [f"127.0.0.1:{ps}"],
                "worker": [f"127.0.0.1:{worker0}", f"127.0.0.1:{worker1}"]}
     args = [*TINY[:-1], "--strategy=parameter_server",
@@ -358,7 +347,7 @@ class DistributedTest(testing.ProcessTestCase):
     root = self.create_tempdir().full_path
     ps_dir, single_dir = (os.path.join(root, name)
                           for name in ("parameter_server", "single"))
-    chief, ps, worker = _free_ports(3)
+    chief, ps, worker = testing.free_ports(3)
     cluster = {"chief": [f"127.0.0.1:{chief}"], "ps": [f"127.0.0.1:{ps}"],
                "worker": [f"127.0.0.1:{worker}"]}
     args = [*TINY[:-1], "--strategy=parameter_server",

@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 from absl.testing import absltest
@@ -152,14 +151,8 @@ def _run_with_fewer_mnist_records(counts, *args):
   """bin/prepare_data.py with ARGS in a fresh interpreter, as `run_binary`
   runs it, but with TFDS's MNIST builders reading COUNTS records
   (`testing.fewer_mnist_examples`): the real ones read 60,000 + 10,000."""
-  binary = testing.binary_command("prepare_data")[1]
-  code = ("import runpy, sys\n"
-          "from tensorflow_datasets.image_classification import mnist\n"
-          f"mnist._TRAIN_EXAMPLES = {counts['train']}\n"
-          f"mnist._TEST_EXAMPLES = {counts['test']}\n"
-          f"sys.argv[0] = {binary!r}\n"
-          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-  return subprocess.run([sys.executable, "-c", code, *args],
+  return subprocess.run(testing.prepare_data_command_with_records(counts,
+                                                                 *args),
                         capture_output=True, text=True, timeout=600,
                         env=testing.binary_env(), check=False)
 

@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tarfile
 import threading
 import time
@@ -59,16 +58,6 @@ class _Zeros(io.RawIOBase):
     buffer[:n] = bytes(n)
     self.left -= n
     return n
-
-
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
 
 
 def _checkpoint_steps(directory):
@@ -159,7 +148,7 @@ class TfConfigTest(testing.ProcessTestCase):
     # only copy it can see, so it must not delete them and call it done.
     root = self.create_tempdir().full_path
     dirs = [os.path.join(root, f"worker{i}") for i in range(2)]
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in testing.free_ports(2)]}
     workers = [self.start_binary(
         "train", *TINY, "--train_steps=10", "--eval_at_end=false",
         "--strategy=multi_worker_mirrored", f"--model_dir={dirs[i]}",
@@ -683,19 +672,6 @@ class ExportEdgesTest(testing.SharedRootTestCase):
         self.assertEqual(testing.snapshot(export_dir), before)
 
 
-def _prepare_fashion_command(counts, *args):
-  """bin/prepare_data.py with ARGS, TFDS's Fashion-MNIST builder reading
-  COUNTS records (the real one reads 60,000 + 10,000)."""
-  binary = testing.binary_command("prepare_data")[1]
-  code = ("import runpy, sys\n"
-          "from tensorflow_datasets.image_classification import mnist\n"
-          f"mnist._TRAIN_EXAMPLES = {counts['train']}\n"
-          f"mnist._TEST_EXAMPLES = {counts['test']}\n"
-          f"sys.argv[0] = {binary!r}\n"
-          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-  return [sys.executable, "-c", code, *args]
-
-
 class PrepareInterruptedTest(testing.ProcessTestCase):
   """Item 11: prepare_data stopped by SIGTERM or Ctrl-C removes what it
   wrote; a re-run removes what a killed one left; two at once are told."""
@@ -710,7 +686,7 @@ class PrepareInterruptedTest(testing.ProcessTestCase):
 
   def _start(self, counts, source):
     process = subprocess.Popen(
-        _prepare_fashion_command(counts, "--dataset=fashion_mnist",
+        testing.prepare_data_command_with_records(counts, "--dataset=fashion_mnist",
                                  f"--data_dir={self.data_dir}",
                                  f"--source_dir={source}"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -828,7 +804,7 @@ class ArrayHeaderTest(testing.SharedRootTestCase):
     short_claim = ("claims a float32 array of shape [100, 32, 32, 3] "
                    "(1228800 bytes) but holds 20 bytes of data: it is cut "
                    "short or not what it says; save it again with numpy")
-    closed = f"127.0.0.1:{_free_ports(1)[0]}"
+    closed = f"127.0.0.1:{testing.free_ports(1)[0]}"
     out = os.path.join(self.root, "out")
     cases = {
         "serve_client huge": (
@@ -958,7 +934,7 @@ class MalformedFilesTest(testing.SharedRootTestCase):
     png = os.path.join(self.root, "img.png")
     with open(png, "wb") as f:
       f.write(b"\x89PNG\r\n\x1a\n" + bytes(100))
-    closed = f"127.0.0.1:{_free_ports(1)[0]}"
+    closed = f"127.0.0.1:{testing.free_ports(1)[0]}"
     for name, content in (("list", [1, 2]), ("names", {"classes": {
         "names": 3}})):
       info = os.path.join(self.root, f"{name}.json")

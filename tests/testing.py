@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -180,6 +181,32 @@ def fewer_mnist_examples(counts):
   from tensorflow_datasets.image_classification import mnist  # pylint: disable=g-import-not-at-top
   return mock.patch.multiple(mnist, _TRAIN_EXAMPLES=counts["train"],
                              _TEST_EXAMPLES=counts["test"])
+
+
+def prepare_data_command_with_records(counts, *args):
+  """The command line of bin/prepare_data.py with ARGS, run as
+  `binary_command` runs it but with TFDS's MNIST builders reading COUNTS
+  records (as `fewer_mnist_examples`): the real ones read 60,000 + 10,000."""
+  binary = binary_command("prepare_data")[1]
+  code = ("import runpy, sys\n"
+          "from tensorflow_datasets.image_classification import mnist\n"
+          f"mnist._TRAIN_EXAMPLES = {counts['train']}\n"
+          f"mnist._TEST_EXAMPLES = {counts['test']}\n"
+          f"sys.argv[0] = {binary!r}\n"
+          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+  return [sys.executable, "-c", code, *args]
+
+
+def free_ports(count):
+  """COUNT loopback ports free a moment ago (for a test's cluster or a port
+  nothing listens on)."""
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
 
 
 def normalization_layers(model):
