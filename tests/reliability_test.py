@@ -562,7 +562,9 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
                      text))
     result = self._train(model_dir, "--train_steps=20", check=False)
     self.assertEqual(testing.last_stderr_line(result),
-                     "error: --weight_decay must be a finite number, got inf")
+                     f"error: {path} holds an invalid weight_decay: "
+                     "weight_decay must be a finite number, got inf; pass "
+                     "--weight_decay to replace it")
     self._train(model_dir, "--train_steps=20", "--weight_decay=1e-4")
     stored = json.loads(self._config_json(model_dir))
     self.assertEqual(stored["config"]["weight_decay"], 1e-4)

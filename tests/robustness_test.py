@@ -930,6 +930,62 @@ class MalformedFilesTest(testing.SharedRootTestCase):
           self.assertEqual(testing.snapshot(model_dir), before)
     self.assertFalse(os.path.exists(f"{self.root}/e"))
 
+  def test_a_bad_stored_value_names_config_json_not_a_flag(self):
+    # Item 10: the user passed no --batch_size; the line names the file.
+    model_dir = os.path.join(self.root, "stored")
+    testing.run_binary("train", *TINY, "--train_steps=10",
+                       "--eval_at_end=false", f"--model_dir={model_dir}",
+                       check=True)
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+      good = json.load(f)
+    cases = {
+        # A network's field or the batch cannot change on resume.
+        "batch_size": (-5, "use a new --model_dir"),
+        "learning_rate": (-1, "pass --learning_rate to replace it"),
+    }
+    for name, (value, fix) in cases.items():
+      with open(path, "w") as f:
+        json.dump(dict(good, config=dict(good["config"], **{name: value})),
+                  f)
+      before = testing.snapshot(model_dir)
+      for dry in ([], ["--dry_run"]):
+        with self.subTest(field=name, dry_run=bool(dry)):
+          result = testing.run_binary("train", f"--model_dir={model_dir}",
+                                      "--train_steps=20", *dry)
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertEqual(
+              testing.last_stderr_line(result),
+              f"error: {path} holds an invalid {name}: {name} must be "
+              f"positive, got {value}; {fix}")
+          self.assertNotIn(f"--{name} must", result.stderr)
+          self.assertEqual(testing.snapshot(model_dir), before)
+    # The fix it names works: the flag replaces the stored value.
+    testing.run_binary("train", f"--model_dir={model_dir}",
+                       "--train_steps=20", "--learning_rate=0.01",
+                       "--eval_at_end=false", check=True)
+    with open(path) as f:
+      self.assertEqual(json.load(f)["config"]["learning_rate"], 0.01)
+
+  def test_a_dry_run_refuses_a_batch_larger_than_the_data(self):
+    # Item 10: the dry run says what the real run would, before any data
+    # is read; the synthetic training split's size from its own module.
+    from identity_tf.data import datasets  # pylint: disable=g-import-not-at-top
+    examples = datasets.synthetic_info().num_train_examples
+    for dry in (["--dry_run"], []):
+      model_dir = os.path.join(self.root, f"huge_batch{len(dry)}")
+      with self.subTest(dry_run=bool(dry)):
+        result = testing.run_binary(
+            "train", "--preset=smoke", f"--batch_size={examples + 1}",
+            f"--model_dir={model_dir}", *dry)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertEqual(
+            testing.last_stderr_line(result),
+            f"error: --batch_size={examples + 1} is more than the "
+            f"{examples} training examples of synthetic: lower --batch_size")
+        self.assertFalse(os.path.exists(os.path.join(model_dir,
+                                                     "config.json")))
+
   def test_a_model_info_that_is_not_an_object_is_named(self):
     png = os.path.join(self.root, "img.png")
     with open(png, "wb") as f:

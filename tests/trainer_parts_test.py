@@ -115,6 +115,20 @@ class MergeOutputsTest(absltest.TestCase):
     message = diagnostics.nonfinite_message(out, 15, WATCHED, None, "kept")
     self.assertIn("the activations of logits became NaN", message)
 
+  def test_a_huge_finite_loss_is_not_called_nan(self):
+    # The loss summed over 256 examples is 256 x 1.07e29: finite. The
+    # gradient overflowed first; the line says so and gives the mean.
+    out = _output([256 * 1.07e29, 20, 256], [np.inf, 1, 1, 1], (40, 2))
+    message = diagnostics.nonfinite_message(out, 50, WATCHED, None, "kept")
+    self.assertNotIn("loss became", message)
+    self.assertIn("the gradient became NaN or infinite at step 40 while the "
+                  "training loss was still finite (1.07e+29 per example",
+                  message)
+    out = _output([np.nan, 20, 256], [np.inf, 1, 1, 1], (40, 2))
+    message = diagnostics.nonfinite_message(out, 50, WATCHED, None, "kept")
+    self.assertIn("the training loss became nan at step 40: the gradient",
+                  message)
+
 
 class StepAccumulationTest(absltest.TestCase):
   """One call of the training step over several steps returns what the

@@ -175,10 +175,19 @@ def nonfinite_message(out, step, watched, last_record, last_good):
                     for k, v in last_record["activation_rms"].items())
     before = (f"; before it: gradient norm up to "
               f"{last_record['grad_norm']:.3g}, activation RMS {rms}")
-  return (f"the training loss became {out['loss_sum']} at step {first_step}: "
-          f"{where} became NaN or infinite first{before}; {last_good}; lower "
-          f"--learning_rate or add a stabiliser (e.g. --grad_clip_norm=1; "
-          f"docs/training.md)")
+  loss = float(out["loss_sum"])
+  if np.isfinite(loss):
+    # A huge but finite loss is not NaN: say what it was, averaged over the
+    # examples since the last progress line (loss_sum is their sum).
+    mean = loss / max(float(out["examples"]), 1.0)
+    what = (f"{where} became NaN or infinite at step {first_step} while the "
+            f"training loss was still finite ({mean:.3g} per example since "
+            f"the last line)")
+  else:
+    what = (f"the training loss became {loss} at step {first_step}: {where} "
+            f"became NaN or infinite first")
+  return (f"{what}{before}; {last_good}; lower --learning_rate or add a "
+          f"stabiliser (e.g. --grad_clip_norm=1; docs/training.md)")
 
 
 def check_loss_scale(scale, step, last_written):

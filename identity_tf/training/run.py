@@ -17,6 +17,7 @@ stored configuration of a model_dir is read, before TensorFlow loads.
 """
 
 import dataclasses
+import re
 
 from identity_tf import architectures
 from identity_tf import configs
@@ -113,6 +114,13 @@ def resolve(config, dataset, model_dir, data_dir=None, replicas=1):
         f"--batch_size={config.batch_size} must be a multiple "
         f"of the {replicas} replicas of --strategy="
         f"{config.strategy}")
+  # The input pipeline refuses this too, but only once the data is read:
+  # checked here, a dry run says it as the real run would.
+  examples = config.num_train_examples or dataset.num_train_examples
+  if examples and examples < config.batch_size:
+    raise errors.ConfigError(
+        f"--batch_size={config.batch_size} is more than the {examples} "
+        f"training examples of {config.dataset}: lower --batch_size")
   steps = steps_per_epoch(config, dataset.num_train_examples)
   return Run(config=config, dataset=dataset, model_dir=model_dir,
              data_dir=data_dir,
@@ -210,6 +218,25 @@ def choose_config(preset, model_dir, overrides):
   """
   stored = (config_file.stored_config(model_dir)
             if preset is None and model_dir else None)
-  if stored is not None:
+  if stored is None:
+    return configs.resolve(preset or "smoke", **overrides)
+  try:
     return configs.override(stored, **overrides)
-  return configs.resolve(preset or "smoke", **overrides)
+  except errors.ConfigError as e:
+    raise _stored_value_error(e, model_dir, overrides) from None
+
+
+def _stored_value_error(error, model_dir, overrides):
+  """ERROR (a `configs.validate` line, "--NAME ...") said of the value
+  config.json holds when no flag set NAME: the user passed no --NAME."""
+  message = str(error)
+  name = re.match(r"--(\w+)", message)
+  name = name and name.group(1)
+  if (name is None or name not in configs.Config.__dataclass_fields__
+      or overrides.get(name) is not None):
+    return error
+  fix = ("use a new --model_dir" if name in configs.MODEL_FIELDS +
+         ("batch_size",) else f"pass --{name} to replace it")
+  return errors.ConfigError(
+      f"{config_file.path(model_dir)} holds an invalid {name}: "
+      f"{message[2:]}; {fix}")
