@@ -60,7 +60,7 @@ def main(argv):
   # Checked before TensorFlow loads, with the one validator of the options.
   with cli.errors_as_exit():
     options = model_options_from_flags()
-    architectures.resolve_options(FLAGS.model, **options)
+    architectures.complete_options(FLAGS.model, **options)
   from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
   print("\n".join(model_lib.layer_table(
       model_lib.build_model(FLAGS.model, **options))))

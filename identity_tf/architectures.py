@@ -2,7 +2,7 @@
 
 The table of `model.build_model`'s networks (Table 1 of Hardt & Ma, 2017,
 and the 34-layer ImageNet variant), their default options and the valid
-values of every option, with `resolve_options`, the one validator of a
+values of every option, with `complete_options`, the one validator of a
 network's options. Pure Python: configurations and flags are checked with it
 before TensorFlow loads.
 """
@@ -93,7 +93,7 @@ def _check(condition, message):
     raise errors.ConfigError(message)
 
 
-def resolve_options(name, **options):
+def complete_options(name, **options):
   """Validates NAME and OPTIONS; returns (architecture, complete options).
 
   The one validator of a network's options: `model.build_model` and

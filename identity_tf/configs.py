@@ -3,8 +3,8 @@
 Every hyper-parameter of a run lives in one `Config` (the spirit of the 2016
 tensorflow/models resnet's single `HParams` tuple and big_vision's configs as
 code). `PRESETS` holds the paper's runs and a smoke run, `STUDIES` the grids
-of //bin:study; `resolve` applies overrides (the training binary's flags) on
-top of a preset and validates the result; `to_dict` / `from_dict` round-trip
+of //bin:study; `from_preset` applies overrides (the training binary's
+flags) on top of a preset and validates the result; `to_dict` / `from_dict` round-trip
 it through `model_dir/config.json`. Pure Python: importing it does not load
 TensorFlow, so flags are checked at once.
 
@@ -66,7 +66,7 @@ class Config:
   Attributes are grouped: the network (`identity_tf.build_model` options), the
   data, the optimiser, bookkeeping, and how the run is distributed; each
   field's help text is its flag's. Derived values (the classes and
-  preprocessing of the dataset) are not stored here: `training.run.resolve`
+  preprocessing of the dataset) are not stored here: `training.run.prepare`
   derives them, and config.json records both.
   """
   preset: str = "custom"
@@ -547,7 +547,7 @@ def validate(config):
       raise errors.ConfigError(f"--{name} must be one of {', '.join(valid)}; "
                                f"got {value!r}")
   # The network's options have one validator, the architecture table's.
-  architectures.resolve_options(
+  architectures.complete_options(
       config.model, width=config.width, units=config.units, init=config.init,
       head=config.head, norm=config.norm, use_bias=config.use_bias,
       seed=config.seed, residual=config.residual,
@@ -624,7 +624,7 @@ def _coerce(name, value):
   return value
 
 
-def resolve(preset, **overrides):
+def from_preset(preset, **overrides):
   """PRESETS[preset] with OVERRIDES (None values ignored), validated."""
   if preset not in PRESETS:
     raise errors.ConfigError(f"unknown --preset {preset!r}; valid: "

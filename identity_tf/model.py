@@ -36,7 +36,7 @@ from identity_tf.peers import skipinit
 # The architectures and their options: TF-free, so that configurations and
 # flags are checked before TensorFlow loads.
 MODELS = architectures.MODELS
-resolve_options = architectures.resolve_options
+complete_options = architectures.complete_options
 # The normalisation-free methods' own networks (`identity_tf.peers`).
 PEER_NETWORKS = {"fixup": fixup.build, "skipinit": skipinit.build,
                  "nf_resnet": nf_resnet.build}
@@ -90,7 +90,7 @@ def build_model(name, precision=None, float32_stream=False, **options):
 
 
 def _build_model(name, stream, **options):
-  arch, opts = resolve_options(name, **options)
+  arch, opts = complete_options(name, **options)
   size = opts["image_size"]
   inputs = keras.Input((size, size, 3), name="images")
   head = functools.partial(_head, opts)

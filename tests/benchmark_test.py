@@ -230,7 +230,7 @@ class TorchReferenceTest(absltest.TestCase):
   def test_same_function_and_same_step(self):
     import torch  # pylint: disable=g-import-not-at-top
     from identity_tf import configs  # pylint: disable=g-import-not-at-top
-    config = configs.resolve("cifar10_paper_literal", width=0.125, units=(1,),
+    config = configs.from_preset("cifar10_paper_literal", width=0.125, units=(1,),
                              batch_size=8, dataset="synthetic",
                              weight_decay=0.01, learning_rate=0.5)
     images, labels = tools.fixed_batch(8)

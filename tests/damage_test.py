@@ -25,7 +25,7 @@ from identity_tf.training import metrics
 from identity_tf.training import trainer
 import testing
 
-CONFIG = configs.resolve(
+CONFIG = configs.from_preset(
     "smoke", width=0.0625, units="1", batch_size=16, train_steps=120,
     checkpoint_steps=40, log_steps=40, steps_per_loop=20, keep_checkpoints=5,
     eval_at_end=False, deterministic=True)

@@ -18,9 +18,11 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import model as model_lib
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
 from identity_tf.training import distribute
+from identity_tf.training import optimization
 from identity_tf.training import preemption
 from identity_tf.training import run as run_lib
 from identity_tf.training import trainer
@@ -225,7 +227,7 @@ class DistributedTest(testing.ProcessTestCase):
   def test_mirrored_resume_replays_the_input_exactly(self):
     # With 2 replicas tf.distribute's iterator cannot be checkpointed; the
     # resumed run skips the batches already used. Resumed == uninterrupted.
-    config = configs.resolve(
+    config = configs.from_preset(
         "smoke", width=0.0625, units="1", batch_size=16, train_steps=20,
         checkpoint_steps=10, log_steps=10, steps_per_loop=5,
         eval_at_end=False, deterministic=True, strategy="mirrored")
@@ -258,7 +260,7 @@ class DistributedTest(testing.ProcessTestCase):
     # drops or doubles its share would differ by about 1.
     for precision, unit in (("mixed_bfloat16", 2.0**-8),
                             ("mixed_float16", 2.0**-11)):
-      config = configs.resolve(
+      config = configs.from_preset(
           "smoke", width=0.0625, units="1", batch_size=16, train_steps=10,
           checkpoint_steps=10, log_steps=10, steps_per_loop=5,
           eval_at_end=False, deterministic=True, precision=precision)
@@ -283,12 +285,12 @@ class DistributedTest(testing.ProcessTestCase):
     # weights untouched, scale halved -- not applied with replica 1's
     # 0 * inf = NaN (the clip factor of an infinite norm is 0), and not
     # reported as a divergence.
-    config = configs.override(configs.resolve(
+    config = configs.override(configs.from_preset(
         "smoke", width=0.0625, units="1", batch_size=16,
         precision="mixed_float16", grad_clip_norm=1.0,
         lr_schedule="constant"), strategy="mirrored")
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset),
+    run = run_lib.prepare(config, tfds_data.dataset_info(config.dataset),
                           self.create_tempdir().full_path, replicas=2)
     rng = np.random.default_rng(0)
     images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
@@ -386,10 +388,11 @@ def _last_loss(output):
 
 def _weights_at_init():
   """The tiny network's initial weights, named as in the checkpoints."""
-  config = configs.resolve("smoke", width=0.0625, units="1")
+  config = configs.from_preset("smoke", width=0.0625, units="1")
   info = tfds_data.dataset_info("synthetic")
-  model = checkpoints.build_model(run_lib.resolve(config, info, None))
-  optimizer = trainer.build_optimizer(run_lib.resolve(config, info, None))
+  run = run_lib.prepare(config, info, None)
+  model = model_lib.build_model(**run.model_arguments())
+  optimizer = optimization.build_optimizer(run)
   optimizer.build(model.trainable_variables)
   root = os.path.join(absltest.get_default_test_tmpdir(), "init")
   path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(root)

@@ -101,7 +101,7 @@ def _softmax(logits):
 
 def _run(config, info):
   """The `run.Run` of CONFIG on dataset INFO."""
-  return run_lib.resolve(config, info, None)
+  return run_lib.prepare(config, info, None)
 
 
 
@@ -137,7 +137,7 @@ class ExportTest(absltest.TestCase):
     cls.model_dir = os.path.join(cls.tmp, "run")
     cls.base = os.path.join(cls.tmp, "serving", MODEL_NAME)
     # A tiny trained checkpoint, trained the way bin/train does.
-    config = configs.resolve(
+    config = configs.from_preset(
         "smoke", train_steps=40, batch_size=32, num_train_examples=1024,
         num_eval_examples=64, eval_at_end=False, checkpoint_steps=40,
         log_steps=20, steps_per_loop=20)
@@ -301,7 +301,7 @@ class ExportTest(absltest.TestCase):
                                        ("cifar100", "cifar100", 100),
                                        ("synthetic", "cifar10", 10)):
       dataset_info = tfds_data.dataset_info(dataset)
-      run = _run(configs.resolve(
+      run = _run(configs.from_preset(
           "smoke", model=model_name, dataset=dataset), dataset_info)
       info = export.model_info(run, 7, version=3)
       self.assertEqual(info["classes"]["count"], count)
@@ -311,12 +311,12 @@ class ExportTest(absltest.TestCase):
       self.assertEqual(info["preset"], "smoke")
       self.assertEqual(info["step"], 7)
     imagenet = _run(
-        configs.resolve("smoke", model="imagenet", dataset="imagenet2012"),
+        configs.from_preset("smoke", model="imagenet", dataset="imagenet2012"),
         tfds_data.dataset_info("imagenet2012")).dataset.class_names
     self.assertLen(set(imagenet), 1000)
     self.assertTrue(all(re.fullmatch(r"n\d{8}", n) for n in imagenet))
     # A run whose dataset does not match the model is refused.
-    run = _run(configs.resolve("smoke", model="cifar100", dataset="cifar100"),
+    run = _run(configs.from_preset("smoke", model="cifar100", dataset="cifar100"),
                tfds_data.dataset_info("cifar100"))
     with self.assertRaisesRegex(ValueError, "10 classes but cifar100 has 100"):
       export.export_model(self.model, run, 1,
@@ -324,7 +324,7 @@ class ExportTest(absltest.TestCase):
 
   def test_imagenet_export_resizes_any_size_inside_the_graph(self):
     base = model_lib.build_model("imagenet", width=1 / 16, units=1, seed=3)
-    run = _run(configs.resolve(
+    run = _run(configs.from_preset(
         "smoke", model="imagenet", dataset="imagenet2012", width=1 / 16,
         units=(1, 1, 1, 1), seed=3), tfds_data.dataset_info("imagenet2012"))
     # Position-encoding images; what the graph must make of them, worked

@@ -28,6 +28,7 @@ from identity_tf.serving import export
 from identity_tf.training import checkpoints
 from identity_tf.training import metrics
 from identity_tf.training import optimization
+from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
 from identity_tf.training import study
 from identity_tf.training import trainer
@@ -248,15 +249,14 @@ class RecipeTest(absltest.TestCase):
         configs.PRESETS["fixup_cifar"], dataset="synthetic", width=0.125,
         units=(1,), batch_size=8, weight_decay=0.0, train_steps=10,
         lr_boundaries=(5, 8))
-    run = trainer.resolve(config, None, tf.distribute.get_strategy(),
-                          info=_synthetic_info())
+    run = run_lib.prepare(config, _synthetic_info(), None)
     strategy = tf.distribute.get_strategy()
-    net = checkpoints.build_model(run)
+    net = model_lib.build_model(**run.model_arguments())
     # Non-zero weights everywhere, so that every gradient is non-zero.
     rng = np.random.default_rng(0)
     for w in net.trainable_weights:
       w.assign(0.1 * rng.standard_normal(w.shape).astype(np.float32))
-    optimizer = trainer.build_optimizer(run)
+    optimizer = optimization.build_optimizer(run)
     optimizer.build(net.trainable_variables)
     images, labels = _images(8), np.arange(8, dtype=np.int32) % 10
     with tf.GradientTape() as tape:

@@ -13,12 +13,11 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import model as model_lib
 from identity_tf.data import tfds_data
-from identity_tf.training import checkpoints
 from identity_tf.training import optimization
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
-from identity_tf.training import trainer
 
 # Two logical CPUs for MirroredStrategy, set before TensorFlow starts.
 _CPU = tf.config.list_physical_devices("CPU")[0]
@@ -158,8 +157,9 @@ class ReplicasTest(absltest.TestCase):
     labels = rng.integers(0, 10, 8).astype(np.int32)
     keras.utils.set_random_seed(0)
     with strategy.scope():
-      model = checkpoints.build_model(run_lib.resolve(config, info, None))
-      optimizer = trainer.build_optimizer(run_lib.resolve(config, info, None))
+      run = run_lib.prepare(config, info, None)
+      model = model_lib.build_model(**run.model_arguments())
+      optimizer = optimization.build_optimizer(run)
       optimizer.build(model.trainable_variables)
 
     def dataset_fn(context):

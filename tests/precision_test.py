@@ -47,7 +47,7 @@ def _tiny_config(**overrides):
 def _trainer(config, model_dir, images, labels):
   """A Trainer of CONFIG fed the one batch (IMAGES, LABELS), restored new."""
   strategy = tf.distribute.get_strategy()
-  run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset),
+  run = run_lib.prepare(config, tfds_data.dataset_info(config.dataset),
                         model_dir)
 
   def dataset_fn(_):
@@ -395,7 +395,7 @@ class RunTest(testing.SharedRootTestCase):
     pixels = _position_pixels(8)
     for precision in configs.PRECISIONS:
       with self.subTest(precision):
-        config = configs.resolve(
+        config = configs.from_preset(
             "smoke", precision=precision, width=0.125, units="1",
             batch_size=16, train_steps=20, checkpoint_steps=10, log_steps=10,
             steps_per_loop=5, eval_at_end=False, deterministic=True)

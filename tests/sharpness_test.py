@@ -77,7 +77,7 @@ class SharpnessTest(absltest.TestCase):
 
   def test_binary_measures_every_checkpoint(self):
     model_dir = self.create_tempdir().full_path
-    config = configs.resolve("smoke", width=0.0625, batch_size=16,
+    config = configs.from_preset("smoke", width=0.0625, batch_size=16,
                              train_steps=10, checkpoint_steps=5,
                              steps_per_loop=5, log_steps=5,
                              eval_at_end=False)

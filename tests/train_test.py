@@ -44,7 +44,7 @@ KILL_RUN_STEPS = 150  # Long enough that a kill at step 10 lands mid-run.
 
 def _describe(config, info):
   """config.json's content for CONFIG on dataset INFO."""
-  return run_lib.resolve(config, info, None).description()
+  return run_lib.prepare(config, info, None).description()
 
 
 
@@ -76,7 +76,7 @@ class PresetTest(absltest.TestCase):
 
   def _written(self, preset, **overrides):
     model_dir = self.create_tempdir().full_path
-    config = configs.resolve(preset, **overrides)
+    config = configs.from_preset(preset, **overrides)
     # The dataset's classes and image shape come from TFDS's code; it is not
     # prepared here, so its size is unknown.
     info = tfds_data.dataset_info(config.dataset)
@@ -202,13 +202,13 @@ class ConfigErrorTest(absltest.TestCase):
     }
     for message, overrides in cases.items():
       with self.assertRaisesRegex(ValueError, re.escape(message)):
-        configs.resolve("smoke", **overrides)
+        configs.from_preset("smoke", **overrides)
     with self.assertRaisesRegex(ValueError, "unknown --preset 'cifar'"):
-      configs.resolve("cifar")
+      configs.from_preset("cifar")
 
   def test_resuming_a_different_network_is_refused(self):
     model_dir = self.create_tempdir().full_path
-    config = configs.resolve("smoke")
+    config = configs.from_preset("smoke")
     config_file.write(model_dir, _describe(config, SYNTHETIC))
     config_file.check_resumable(model_dir, configs.override(config, train_steps=9))
     with self.assertRaisesRegex(
@@ -315,9 +315,10 @@ class TrainingTest(absltest.TestCase):
     labels = rng.integers(0, 10, 256).astype(np.int32)
     model = identity_tf.build_model("cifar10", width=1.0, units=1,
                                     image_size=8)
-    config = configs.resolve("smoke", learning_rate=0.05,
+    config = configs.from_preset("smoke", learning_rate=0.05,
                              lr_schedule="constant")
-    model.compile(trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None)),
+    model.compile(optimization.build_optimizer(
+        run_lib.prepare(config, SYNTHETIC, None)),
                   keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True))
     accuracy = 0.0
@@ -331,7 +332,7 @@ class TrainingTest(absltest.TestCase):
     self.assertEqual(accuracy, 1.0)
 
   def test_resume_restores_the_optimizer_state(self):
-    config = configs.resolve(
+    config = configs.from_preset(
         "smoke", width=0.0625, batch_size=16, train_steps=10,
         checkpoint_steps=10, log_steps=10, steps_per_loop=10,
         eval_at_end=False, deterministic=True)
@@ -341,7 +342,7 @@ class TrainingTest(absltest.TestCase):
     saved = _checkpoint_tensors(path)
     # A fresh Trainer, restored by the trainer's own restore from the
     # checkpoint training resumes from.
-    fresh = trainer.Trainer(run_lib.resolve(config, SYNTHETIC, model_dir),
+    fresh = trainer.Trainer(run_lib.prepare(config, SYNTHETIC, model_dir),
                             tf.distribute.get_strategy())
     self.assertEqual(fresh.step, 0)
     self.assertEqual(checkpoints.resume_point(model_dir), path)
@@ -374,7 +375,7 @@ class TrainingTest(absltest.TestCase):
     self.assertEqual(sorted(np.asarray(v.numpy()).tobytes()
                             for v in restored_model.trainable_variables),
                      saved_weights)
-    untrained = trainer.Trainer(run_lib.resolve(config, SYNTHETIC, model_dir),
+    untrained = trainer.Trainer(run_lib.prepare(config, SYNTHETIC, model_dir),
                                 tf.distribute.get_strategy())
     self.assertNotEqual(sorted(np.asarray(v.numpy()).tobytes() for v in
                                untrained.model.trainable_variables),
@@ -382,7 +383,7 @@ class TrainingTest(absltest.TestCase):
 
   def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(self):
     model_dir = self.create_tempdir().full_path
-    config = configs.resolve(
+    config = configs.from_preset(
         "smoke", width=0.0625, batch_size=16, train_steps=10,
         checkpoint_steps=10, log_steps=10, steps_per_loop=10,
         eval_at_end=False)
@@ -429,20 +430,21 @@ class DiagnosticsTest(absltest.TestCase):
   """What the training step reports, against an independent computation."""
 
   def test_step_reports_gradient_norm_update_ratio_and_activations(self):
-    config = configs.resolve("smoke", width=0.125, batch_size=8,
+    config = configs.from_preset("smoke", width=0.125, batch_size=8,
                              momentum=0.0, weight_decay=0.0,
                              learning_rate=0.1)
     rng = np.random.default_rng(5)
     images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
     strategy = tf.distribute.get_strategy()
-    model = checkpoints.build_model(run_lib.resolve(config, SYNTHETIC, None))
-    optimizer = trainer.build_optimizer(run_lib.resolve(config, SYNTHETIC, None))
+    run = run_lib.prepare(config, SYNTHETIC, None)
+    model = model_lib.build_model(**run.model_arguments())
+    optimizer = optimization.build_optimizer(run)
     optimizer.build(model.trainable_variables)
     # The same network and the step's quantities, computed here: the
     # gradient of the mean cross-entropy, plain SGD's update -lr g, the RMS
     # of each stage's last unit's output.
-    twin = checkpoints.build_model(run_lib.resolve(config, SYNTHETIC, None))
+    twin = model_lib.build_model(**run.model_arguments())
     twin.set_weights(model.get_weights())
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
@@ -475,7 +477,7 @@ class DiagnosticsTest(absltest.TestCase):
   def test_evaluates_every_eval_steps(self):
     model_dir = self.create_tempdir().full_path
     lines = []
-    config = configs.resolve(
+    config = configs.from_preset(
         "smoke", width=0.0625, batch_size=16, train_steps=10, eval_steps=4,
         checkpoint_steps=10, log_steps=5, steps_per_loop=5,
         num_eval_examples=64)
@@ -503,7 +505,7 @@ class CallLengthTest(absltest.TestCase):
       self.assertEqual(preemption.steps_per_call(0.005, 5000), 2000)
 
   def test_a_slow_run_says_when_its_next_progress_line_comes(self):
-    config = configs.resolve(**{**TINY, "units": "1", "log_steps": 100},
+    config = configs.from_preset(**{**TINY, "units": "1", "log_steps": 100},
                              train_steps=4688)
     lines = []
     # By hand: 98 steps of 15.1 s are 1479.8 s, 24 min 40 s.
@@ -600,7 +602,7 @@ class InterruptionTest(testing.ProcessTestCase):
     # the end of a 3000-step call.
     model_dir = os.path.join(self.root, "slow_steps")
     every = 3000
-    config = configs.resolve(
+    config = configs.from_preset(
         **{**TINY, "units": "1", "log_steps": every, "checkpoint_steps": every,
            "steps_per_loop": every}, train_steps=every)
     calls = []
@@ -654,7 +656,7 @@ class InterruptionTest(testing.ProcessTestCase):
     def evaluated():
       return [r["step"] for r in metrics.read(model_dir) if "eval" in r]
 
-    config = configs.resolve(**settings, train_steps=20)
+    config = configs.from_preset(**settings, train_steps=20)
     with self.assertRaisesRegex(preemption.PreemptedError, "at step 10;"):
       trainer.train(config, model_dir, echo=terminate_at_step_10)
     self.assertEqual(evaluated(), [])
@@ -664,7 +666,7 @@ class InterruptionTest(testing.ProcessTestCase):
     # A run resumed where it had evaluated (here the end, step 20) does not
     # evaluate that step again.
     os.remove(path)
-    trainer.train(configs.resolve(**settings, train_steps=30), model_dir,
+    trainer.train(configs.from_preset(**settings, train_steps=30), model_dir,
                   echo=lambda line: None)
     self.assertEqual(evaluated(), [30])
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
@@ -675,7 +677,7 @@ class InterruptionTest(testing.ProcessTestCase):
     # In this process, to save a TensorFlow start-up: SIGTERM arrives right
     # after the first checkpoint, as preemption would.
     model_dir = os.path.join(self.root, "terminated")
-    config = configs.resolve(**{**TINY, "units": "1"},
+    config = configs.from_preset(**{**TINY, "units": "1"},
                              train_steps=KILL_RUN_STEPS, deterministic=True)
 
     def terminate_after_first_checkpoint(line):

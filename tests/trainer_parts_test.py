@@ -23,6 +23,7 @@ from identity_tf.training import checkpoints
 from identity_tf.training import diagnostics
 from identity_tf.training import evaluation
 from identity_tf.training import metrics
+from identity_tf.training import optimization
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
 from identity_tf.training import trainer
@@ -136,17 +137,17 @@ class StepAccumulationTest(absltest.TestCase):
   largest."""
 
   def test_three_steps_in_one_call_are_three_single_steps_combined(self):
-    config = configs.resolve("smoke", width=0.0625, units=(1,), batch_size=8,
+    config = configs.from_preset("smoke", width=0.0625, units=(1,), batch_size=8,
                              weight_decay=0.0, learning_rate=0.05)
-    run = run_lib.resolve(config, tfds_data.dataset_info("synthetic"), None)
+    run = run_lib.prepare(config, tfds_data.dataset_info("synthetic"), None)
     rng = np.random.default_rng(3)
     images = rng.standard_normal((3, 8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, (3, 8)).astype(np.int32)
     strategy = tf.distribute.get_strategy()
 
     def fresh():
-      model = checkpoints.build_model(run)
-      optimizer = trainer.build_optimizer(run)
+      model = model_lib.build_model(**run.model_arguments())
+      optimizer = optimization.build_optimizer(run)
       optimizer.build(model.trainable_variables)
       iterator = iter(strategy.distribute_datasets_from_function(
           lambda _: tf.data.Dataset.from_tensor_slices((images, labels))))

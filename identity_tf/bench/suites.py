@@ -27,7 +27,7 @@ def _config(options, **overrides):
   exactly that (the presets' gradient clipping adds one norm over the
   weights). OVERRIDES come last."""
   from identity_tf import configs  # pylint: disable=g-import-not-at-top
-  return configs.resolve("cifar10_paper_literal", **{
+  return configs.from_preset("cifar10_paper_literal", **{
       "model": options.model,
       "dataset": "synthetic" if options.model == "cifar10" else "cifar100",
       "width": options.width,
@@ -46,7 +46,7 @@ def _run(options, **overrides):
   from identity_tf.training import run as run_lib
   # pylint: enable=g-import-not-at-top
   config = _config(options, **overrides)
-  return run_lib.resolve(
+  return run_lib.prepare(
       config, tfds_data.dataset_info(config.dataset, options.data_dir), None,
       options.data_dir)
 
@@ -257,7 +257,7 @@ def _smoke_accuracy(precision, steps, log):
   """Evaluation top-1 and loss of the smoke preset trained in PRECISION."""
   from identity_tf import configs  # pylint: disable=g-import-not-at-top
   from identity_tf.training import trainer  # pylint: disable=g-import-not-at-top
-  config = configs.resolve("smoke", train_steps=steps,
+  config = configs.from_preset("smoke", train_steps=steps,
                            checkpoint_steps=steps, precision=precision)
   with tempfile.TemporaryDirectory() as model_dir:
     result = trainer.train(
@@ -615,10 +615,11 @@ def bf16_identity_suite(options):
   from identity_tf.bench import rounding  # pylint: disable=g-import-not-at-top
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
   from identity_tf.data import pipeline  # pylint: disable=g-import-not-at-top
+  from identity_tf import model as model_lib  # pylint: disable=g-import-not-at-top
   from identity_tf.training import checkpoints  # pylint: disable=g-import-not-at-top
   measured = {}
   if options.model_dir is None:
-    model = checkpoints.build_model(_run(options), precision="float32")
+    model = model_lib.build_model(**_run(options).model_arguments("float32"))
     images, _ = tools.fixed_batch(options.batch_size)
     measured["init"] = rounding.branch_survival(model, images)
   else:

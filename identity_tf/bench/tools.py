@@ -110,7 +110,7 @@ def conv_shapes(name="cifar10", **options):
   stride, input and output spatial sizes ("same" padding: out = ceil(in /
   stride)) and MACs per image = out_h * out_w * k * k * c_in * c_out.
   """
-  arch, opts = model_lib.resolve_options(name, **options)
+  arch, opts = model_lib.complete_options(name, **options)
   scaled = model_lib._scaled  # pylint: disable=protected-access
   size, channels, shapes = opts["image_size"], 3, []
 
@@ -255,14 +255,16 @@ def make_train_step(config, images, labels, strategy=None, tpu=None):
   import tensorflow as tf
   from identity_tf.data import tfds_data
   from identity_tf.training import distribute
+  from identity_tf.training import run as run_lib
   from identity_tf.training import trainer as trainer_lib
   # pylint: enable=g-import-not-at-top
   strategy = strategy or distribute.create_strategy(config.strategy, tpu)
   # The classes of CONFIG's dataset; its data is not read. Nothing is
   # saved: the model_dir is a scratch directory.
   scratch = tempfile.TemporaryDirectory()
-  run = trainer_lib.resolve(config, scratch.name, strategy,
-                            info=tfds_data.dataset_info(config.dataset))
+  run = run_lib.prepare(config, tfds_data.dataset_info(config.dataset),
+                        scratch.name,
+                        replicas=strategy.num_replicas_in_sync)
 
   def dataset_fn(input_context):
     per_replica = input_context.get_per_replica_batch_size(config.batch_size)

@@ -1,7 +1,7 @@
 """What //bin:train does with a resolved configuration: train and report.
 
 `train_command` trains (`trainer.train`), or for a dry run resolves the
-run (`run.resolve`), shows it and writes nothing. It turns
+run (`run.prepare`), shows it and writes nothing. It turns
 every way a run can stop into one line and an exit status -- 143/130 for
 SIGTERM/Ctrl-C after a checkpoint, 1 for errors -- and ends with what the
 run reached and where its files are.
@@ -72,7 +72,7 @@ def _dry_run(config, model_dir, data_dir, progress, result):
   was tried. It contacts no TPU or cluster (only a real run creates its
   strategy), so the batch is checked against one replica only; the dataset
   need not be prepared yet (its metadata is TFDS's)."""
-  run = run_lib.resolve(config, tfds_data.dataset_info(config.dataset,
+  run = run_lib.prepare(config, tfds_data.dataset_info(config.dataset,
                                                        data_dir),
                         model_dir, data_dir)
   if os.path.isfile(model_dir):

@@ -473,7 +473,7 @@ def restore_checkpoint(model_dir, path, precision=None):
   line naming both networks) if PATH holds another network than MODEL_DIR's
   config.json describes (`check_network`): nothing is restored partially."""
   run = run_lib.read(model_dir)
-  model = build_model(run, precision)
+  model = model_lib.build_model(**run.model_arguments(precision))
   check_network(model, path, run)
   tf.train.Checkpoint(model=model).read(path).expect_partial(
   ).assert_existing_objects_matched()
@@ -587,13 +587,3 @@ def check_network(model, path, run):
 
 def _option(run, key):
   return run.model_name if key == "model" else run.model_options.get(key)
-
-
-def build_model(run, precision=None):
-  """RUN's network (`model.build_model` with the run's options), computing
-  in PRECISION (default: the run's): what training trains and what its
-  checkpoints restore into."""
-  numerics = dict(run.numerics, **({"precision": precision} if precision
-                                   else {}))
-  return model_lib.build_model(run.model_name, **numerics,
-                               **run.model_options)

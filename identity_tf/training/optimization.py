@@ -110,15 +110,21 @@ def learning_rate_schedule(schedule):
   return rate
 
 
-def build_optimizer(schedule, momentum, nesterov=False):
-  """SGD with MOMENTUM (Nesterov's if NESTEROV) at SCHEDULE's rate (a
-  `run.Schedule`); weight decay is not the optimizer's: `l2_penalty`.
+def build_optimizer(run):
+  """RUN's optimizer (a `run.Run`): SGD with the configuration's momentum
+  (Nesterov's if set) at the run's schedule, with Keras's dynamic loss
+  scaling under mixed_float16 (float16 gradients underflow). Weight decay
+  is not the optimizer's: `l2_penalty`.
 
   Nor is clipping: Keras's `global_clipnorm` clips each replica's part of
   the gradient separately; `clip_factors` clips the global one.
   """
-  return keras.optimizers.SGD(learning_rate=learning_rate_schedule(schedule),
-                              momentum=momentum, nesterov=nesterov)
+  optimizer = keras.optimizers.SGD(
+      learning_rate=learning_rate_schedule(run.schedule),
+      momentum=run.config.momentum, nesterov=run.config.nesterov)
+  if run.config.precision == "mixed_float16":
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
 
 
 def is_classifier(variable):

@@ -1,6 +1,6 @@
 """A training run, resolved once: everything downstream reads it from here.
 
-`resolve(config, dataset, model_dir)` turns a validated `configs.Config`,
+`prepare(config, dataset, model_dir)` turns a validated `configs.Config`,
 the dataset's `datasets.DatasetInfo` and where the run's files go into a
 `Run`: the network's complete options, the input preprocessing, the steps
 per epoch and the learning-rate schedule, each derived here and nowhere
@@ -85,6 +85,14 @@ class Run:
   def model_name(self):
     return self.config.model
 
+  def model_arguments(self, precision=None):
+    """`model.build_model`'s arguments for this run's network, computing in
+    PRECISION (default: the run's): what training trains and what its
+    checkpoints restore into."""
+    numerics = dict(self.numerics, **({"precision": precision} if precision
+                                      else {}))
+    return {"name": self.model_name, **numerics, **self.model_options}
+
   def description(self, **extra):
     """config.json's content: the configuration and what rebuilding the
     model and its input needs."""
@@ -100,7 +108,7 @@ class Run:
             k == "steps_per_epoch"}
 
 
-def resolve(config, dataset, model_dir, data_dir=None, replicas=1):
+def prepare(config, dataset, model_dir, data_dir=None, replicas=1):
   """The `Run` of CONFIG on DATASET (a `datasets.DatasetInfo`) in MODEL_DIR.
 
   REPLICAS: the strategy's replicas in sync, which must divide the global
@@ -173,7 +181,7 @@ def read(model_dir, data_dir=None):
 
 
 def _model_options(config, num_classes):
-  _, options = architectures.resolve_options(
+  _, options = architectures.complete_options(
       config.model, classes=num_classes, width=config.width,
       units=config.units, norm=config.norm, head=config.head,
       init=config.init, seed=config.seed,
@@ -219,7 +227,7 @@ def choose_config(preset, model_dir, overrides):
   stored = (config_file.stored_config(model_dir)
             if preset is None and model_dir else None)
   if stored is None:
-    return configs.resolve(preset or "smoke", **overrides)
+    return configs.from_preset(preset or "smoke", **overrides)
   try:
     return configs.override(stored, **overrides)
   except errors.ConfigError as e:

@@ -1,6 +1,6 @@
 """Training: one tf.distribute loop for the paper's networks.
 
-`train(config, model_dir)` resolves the run once (`resolve`), takes the
+`train(config, model_dir)` prepares the run once (`run.prepare`), takes the
 model_dir (`checkpoints.lock`), restores the newest intact checkpoint and
 runs `_loop`, which reads top to bottom: run steps, report, save, evaluate.
 What the loop does with the model, the optimizer, the input and the
@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import machine
+from identity_tf import model as model_lib
 from identity_tf.data import pipeline
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
@@ -43,15 +44,6 @@ from identity_tf.training import step as step_lib
 # The checkpoint's name of `Trainer.last_evaluated_step`.
 LAST_EVALUATED = "last_evaluated_step"
 
-
-def build_optimizer(run):
-  """RUN's optimizer: SGD with momentum at the run's schedule, with Keras's
-  dynamic loss scaling under mixed_float16 (float16 gradients underflow)."""
-  optimizer = optimization.build_optimizer(run.schedule, run.config.momentum,
-                                           run.config.nesterov)
-  if run.config.precision == "mixed_float16":
-    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-  return optimizer
 
 
 class Trainer:
@@ -72,8 +64,8 @@ class Trainer:
     self._coordinator = coordinator
     self._dataset_fn = dataset_fn
     with strategy.scope():
-      self.model = checkpoints.build_model(run)
-      self.optimizer = build_optimizer(run)
+      self.model = model_lib.build_model(**run.model_arguments())
+      self.optimizer = optimization.build_optimizer(run)
       self.optimizer.build(self.model.trainable_variables)
     self.watched = diagnostics.watched_activations(self.model)
     self._train_steps = step_lib.make_train_step(
@@ -299,19 +291,6 @@ def merge_outputs(outputs):
   return functools.reduce(lambda a, b: step_lib.merge(a, b, np), outputs)
 
 
-def resolve(config, model_dir, strategy, *, data_dir=None, info=None):
-  """The `run.Run` of CONFIG in MODEL_DIR as it trains under STRATEGY:
-  `run.resolve` with the strategy's replicas in sync, which must divide the
-  global batch.
-
-  INFO: the dataset's `datasets.DatasetInfo` (default: the prepared
-  dataset's in DATA_DIR -- one that is not prepared stops the run here,
-  before anything is written to MODEL_DIR).
-  """
-  info = info or tfds_data.prepared_info(config.dataset, data_dir)
-  return run_lib.resolve(config, info, model_dir, data_dir,
-                         replicas=strategy.num_replicas_in_sync)
-
 
 def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
           cluster_timeout=600.0, echo=lambda line: None, dataset_fn=None,
@@ -375,10 +354,13 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
         strategy)
-  # DATASET_FN replaces the data: only the dataset's metadata is needed.
-  run = resolve(config, model_dir, strategy, data_dir=data_dir,
-                info=(tfds_data.dataset_info(config.dataset, data_dir)
-                      if dataset_fn else None))
+  # DATASET_FN replaces the data: only the dataset's metadata is needed; a
+  # dataset that is not prepared stops the run here, before anything is
+  # written to MODEL_DIR.
+  info = (tfds_data.dataset_info(config.dataset, data_dir) if dataset_fn
+          else tfds_data.prepared_info(config.dataset, data_dir))
+  run = run_lib.prepare(config, info, model_dir, data_dir,
+                        replicas=strategy.num_replicas_in_sync)
   trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
   if not distribute.is_chief(config.strategy):
     return _train(Trainer(run, strategy, chief=False, **trainer_options),
