@@ -2,7 +2,9 @@
 
 An output path is checked before the work whose result it will hold
 (`check_output_file`, `prepare_output_dir`), written through a temporary
-file renamed onto it (`write_whole`), and an input array file is checked
+file renamed onto it (`write_atomically`: the project's one atomic writer,
+used by config.json, checkpoint digests and state, study reports and every
+user-named output; `write_whole` adds the one-line error), and an input array file is checked
 against what it claims before numpy allocates (`check_array_file`). Each
 refusal is one line (`errors.OutputError`, `errors.DataError`). Pure Python
 (numpy is imported when an array file is checked).
@@ -10,6 +12,7 @@ refusal is one line (`errors.OutputError`, `errors.DataError`). Pure Python
 
 import math
 import os
+import uuid
 
 from identity_tf import errors
 from identity_tf import machine
@@ -39,20 +42,71 @@ def prepare_output_dir(path, flag="--output_dir"):
   return path
 
 
-def write_whole(path, write, flag, suffix=""):
-  """WRITE(a temporary path ending in SUFFIX, e.g. ".png" for a writer that
-  picks its format by name), then rename it onto PATH: PATH is whole or
-  absent. OutputError naming FLAG if it cannot be written."""
+def _gfile():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+def write_atomically(path, write, suffix=""):
+  """PATH whole or not at all: WRITE(a temporary path ending in SUFFIX, e.g.
+  ".png" for a writer that picks its format by name), then the temporary
+  file renamed onto PATH. A crash leaves the old file or the new one, never
+  a mix or an empty file. The temporary file is this write's alone (two
+  writers never share one) and in PATH's directory (a rename within one
+  filesystem is atomic); on a local disk the directory is synced so that
+  the rename survives a power cut. PATH may be a URL (gs://...): TensorFlow's
+  file system then writes and renames."""
   directory, name = os.path.split(path)
-  temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp{suffix}")
+  temporary = os.path.join(
+      directory, f"{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp{suffix}")
+  url = "://" in path
   try:
     write(temporary)
-    os.replace(temporary, path)
+    if url:
+      _gfile().rename(temporary, path, overwrite=True)
+    else:
+      os.replace(temporary, path)
+      _sync_directory(directory or ".")
+  finally:
+    if (_gfile().exists(temporary) if url else os.path.exists(temporary)):
+      (_gfile().remove if url else os.remove)(temporary)
+
+
+def write_text_atomically(path, text):
+  """TEXT as the whole of PATH (`write_atomically`), on the disk before its
+  name moves."""
+  def write(temporary):
+    if "://" in temporary:
+      with _gfile().GFile(temporary, "w") as f:
+        f.write(text)
+      return
+    with open(temporary, "x") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+  write_atomically(path, write)
+
+
+def _sync_directory(directory):
+  # A filesystem that cannot sync a directory still has the whole file
+  # under its name.
+  try:
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+      os.fsync(handle)
+    finally:
+      os.close(handle)
+  except OSError:
+    pass
+
+
+def write_whole(path, write, flag, suffix=""):
+  """`write_atomically` of a file the user named with FLAG: OutputError
+  naming FLAG if it cannot be written."""
+  try:
+    write_atomically(path, write, suffix)
   except OSError as e:
     raise errors.OutputError(f"cannot write {flag}: {e}") from None
-  finally:
-    if os.path.exists(temporary):
-      os.remove(temporary)
 
 
 def _npy_claim(f, available):

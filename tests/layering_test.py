@@ -118,5 +118,69 @@ class LayeringTest(absltest.TestCase):
     self.assertTrue(os.path.exists(path), path)
 
 
+# The moves that are not writes of a file's content, so not
+# `files.write_atomically`'s: a checkpoint set aside, a download moved into
+# the data_dir, an export's directory moved into place (each whole-directory
+# or whole-file renames of what is already written).
+_OTHER_RENAMES = {"identity_tf/training/checkpoints.py",
+                  "identity_tf/data/tfds_data.py",
+                  "identity_tf/serving/export.py"}
+
+
+def renames(source, filename="<source>"):
+  """The lines of SOURCE that rename or replace a file (os.replace,
+  os.rename, tf.io.gfile.rename, X.rename), as "LINE: call"."""
+  found = []
+  for node in ast.walk(ast.parse(source, filename)):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("replace", "rename")):
+      receiver = ast.unparse(node.func.value)
+      # str.replace takes string arguments; a file move takes paths.
+      if node.func.attr == "rename" or receiver == "os":
+        found.append(f"{node.lineno}: {receiver}.{node.func.attr}()")
+  return found
+
+
+class OneAtomicWriterTest(absltest.TestCase):
+  """Every file the project writes whole goes through one helper,
+  `files.write_atomically` (issue: six hand-written atomic writers)."""
+
+  def test_the_checker_finds_renames(self):
+    for line in ("os.replace(a, b)", "os.rename(a, b)",
+                 "tf.io.gfile.rename(a, b, overwrite=True)",
+                 "_gfile().rename(a, b)"):
+      self.assertLen(renames(line), 1, line)
+    self.assertEqual(renames("'a.b'.replace('.', '_')"), [])
+
+  def test_only_the_helper_renames_a_file_it_wrote(self):
+    found = []
+    for path, source in _library_modules():
+      if path in _OTHER_RENAMES or path == "identity_tf/files.py":
+        continue
+      found += [f"{path}:{line}" for line in renames(source, path)]
+    self.assertEqual(found, [], "write the file with "
+                     "identity_tf.files.write_atomically instead")
+
+  def test_a_failed_write_leaves_the_old_file_and_nothing_else(self):
+    from identity_tf import files  # pylint: disable=g-import-not-at-top
+    directory = self.create_tempdir().full_path
+    path = os.path.join(directory, "config.json")
+    files.write_text_atomically(path, "old")
+
+    def cut_short(temporary):
+      with open(temporary, "w") as f:
+        f.write("ne")
+      raise OSError("disk full")
+    with self.assertRaises(OSError):
+      files.write_atomically(path, cut_short)
+    with open(path) as f:
+      self.assertEqual(f.read(), "old")
+    self.assertEqual(os.listdir(directory), ["config.json"])
+    files.write_text_atomically(path, "new")
+    with open(path) as f:
+      self.assertEqual(f.read(), "new")
+    self.assertEqual(os.listdir(directory), ["config.json"])
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from identity_tf import errors
+from identity_tf import files
 from identity_tf import model as model_lib
 from identity_tf.training import config_file
 from identity_tf.training import run as run_lib
@@ -110,16 +111,17 @@ def checkpoint_step(path):
 
 def _files_by_step(model_dir):
   """{step: suffixes} of the `ckpt-<step>.<suffix>` files in MODEL_DIR
-  (index, data-*, sha256, sha256.tmp); ckpt-40_temp/ and the like are left
-  out. The one place that reads checkpoint names off the directory."""
-  files = {}
+  (index, data-*, sha256, and the sha256.<pid>.<id>.tmp a kill may leave);
+  ckpt-40_temp/ and the like are left out. The one place that reads
+  checkpoint names off the directory."""
+  found = {}
   for path in tf.io.gfile.glob(os.path.join(model_dir,
                                             f"{CHECKPOINT_PREFIX}-*")):
     stem, _, suffix = os.path.basename(path).partition(".")
     step = stem[len(CHECKPOINT_PREFIX) + 1:]
     if step.isdigit() and suffix:
-      files.setdefault(int(step), []).append(suffix)
-  return files
+      found.setdefault(int(step), []).append(suffix)
+  return found
 
 
 def _prefix(model_dir, step):
@@ -157,10 +159,8 @@ def write_digest(prefix):
   byte, the index and the input iterator's state included.
   """
   digests = {os.path.basename(path): _sha256(path) for path in _files(prefix)}
-  with tf.io.gfile.GFile(prefix + ".sha256.tmp", "w") as f:
-    json.dump(digests, f, indent=1, sort_keys=True)
-  tf.io.gfile.rename(prefix + ".sha256.tmp", prefix + ".sha256",
-                     overwrite=True)
+  files.write_text_atomically(prefix + ".sha256",
+                              json.dumps(digests, indent=1, sort_keys=True))
 
 
 def _missing_file(prefix):
@@ -268,7 +268,7 @@ def remove_checkpoint(model_dir, step):
 
 
 def prune_digests(model_dir):
-  """Removes the .sha256 records (and a kill's .sha256.tmp) of checkpoints
+  """Removes the .sha256 records (and a kill's temporary ones) of checkpoints
   that rotation deleted."""
   for step, suffixes in _files_by_step(model_dir).items():
     if "index" not in suffixes:
@@ -298,10 +298,7 @@ def record_checkpoints(model_dir, intact):
       all_model_checkpoint_timestamps=[
           tf.io.gfile.stat(p + ".index").mtime_nsec / 1e9
           for p in oldest_first])
-  temporary = f"{path}.tmp{os.getpid()}"
-  with tf.io.gfile.GFile(temporary, "w") as f:
-    f.write(text_format.MessageToString(state))
-  tf.io.gfile.rename(temporary, path, overwrite=True)
+  files.write_text_atomically(path, text_format.MessageToString(state))
 
 
 def resume_point(model_dir, chief=True, echo=None):

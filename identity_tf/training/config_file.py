@@ -12,10 +12,10 @@ TensorFlow reads (gs://...) go through `tf.io.gfile`.
 
 import json
 import os
-import uuid
 
 from identity_tf import configs
 from identity_tf import errors
+from identity_tf import files
 
 CONFIG_FILE = "config.json"
 
@@ -99,40 +99,16 @@ def _kind(value):
 
 
 def write(model_dir, description):
-  """Writes config.json atomically: a temporary file of this write alone,
-  flushed to the disk, then renamed into place. A crash leaves the old file
-  or the new one, whole, never a mix or an empty file."""
-  file = path(model_dir)
-  text = json.dumps(description, indent=2, sort_keys=True) + "\n"
-  # Unique, in the same directory (a rename within one filesystem is atomic):
-  # two writers never share a temporary file.
-  temporary = f"{file}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-  if _is_url(file):
+  """Writes config.json whole or not at all (`files.write_text_atomically`):
+  a crash leaves the old file or the new one, never a mix or an empty
+  file."""
+  if _is_url(model_dir):
     _gfile().makedirs(model_dir)
-    with _gfile().GFile(temporary, "w") as f:
-      f.write(text)
-    _gfile().rename(temporary, file, overwrite=True)
-    return
-  os.makedirs(model_dir, exist_ok=True)
-  try:
-    with open(temporary, "x") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())  # The bytes are on disk before the name moves.
-    os.replace(temporary, file)
-  finally:
-    if os.path.exists(temporary):
-      os.remove(temporary)
-  # The rename itself is durable once the directory is synced; a filesystem
-  # that cannot sync a directory still has the whole file under its name.
-  try:
-    directory = os.open(model_dir, os.O_RDONLY)
-    try:
-      os.fsync(directory)
-    finally:
-      os.close(directory)
-  except OSError:
-    pass
+  else:
+    os.makedirs(model_dir, exist_ok=True)
+  files.write_text_atomically(
+      path(model_dir), json.dumps(description, indent=2, sort_keys=True)
+      + "\n")
 
 
 def record(model_dir, description, step):

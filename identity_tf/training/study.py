@@ -27,6 +27,7 @@ import numpy as np
 
 from identity_tf import configs
 from identity_tf import errors
+from identity_tf import files
 from identity_tf.training import run as run_lib
 
 # Where studies before metrics.jsonl recorded how it ended kept a run's
@@ -421,18 +422,22 @@ def write_report(results, output_dir):
   os.makedirs(output_dir, exist_ok=True)
   paths = {name: os.path.join(output_dir, name)
            for name in (RESULTS_JSON, RESULTS_MARKDOWN, CURVES_PNG)}
-  with open(paths[RESULTS_JSON], "w") as f:
-    json.dump(results, f, indent=2, sort_keys=True)
-  with open(paths[RESULTS_MARKDOWN], "w") as f:
-    f.write(f"# Study {results['study']}\n\n{results['description']}\n\n")
-    for key in ("dataset", "epochs", "width"):
-      if key in results:
-        f.write(f"- {key}: {results[key]}\n")
-    f.write("\n" + markdown_table(results))
-    note = machines_note(results)
-    if note:
-      f.write("\n" + note)
-  plot_curves(results, paths[CURVES_PNG])
+  # Each written whole (`files.write_atomically`): a study killed while it
+  # reports leaves the previous report, not a cut one.
+  files.write_text_atomically(
+      paths[RESULTS_JSON], json.dumps(results, indent=2, sort_keys=True))
+  text = f"# Study {results['study']}\n\n{results['description']}\n\n"
+  for key in ("dataset", "epochs", "width"):
+    if key in results:
+      text += f"- {key}: {results[key]}\n"
+  text += "\n" + markdown_table(results)
+  note = machines_note(results)
+  if note:
+    text += "\n" + note
+  files.write_text_atomically(paths[RESULTS_MARKDOWN], text)
+  files.write_atomically(paths[CURVES_PNG],
+                         lambda path: plot_curves(results, path),
+                         suffix=".png")
   return paths
 
 
