@@ -34,7 +34,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import sys
 
-from absl import app
 from absl import flags
 
 from identity_tf.commands import cli
@@ -125,7 +124,7 @@ def main(argv):
 
 def run():
   """The console script's entry point (pip install: identity-tf-NAME)."""
-  app.run(main)
+  cli.run(main, __doc__)
 
 
 if __name__ == "__main__":

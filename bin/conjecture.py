@@ -31,7 +31,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import json
 
-from absl import app
 from absl import flags
 
 from identity_tf.commands import cli
@@ -85,7 +84,7 @@ def main(argv):
 
 def run():
   """The console script's entry point (pip install: identity-tf-conjecture)."""
-  app.run(main)
+  cli.run(main, __doc__)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import json
 
-from absl import app
 from absl import flags
 
 from identity_tf.commands import cli
@@ -58,7 +57,7 @@ def main(argv):
 
 def run():
   """The console script's entry point (pip install: identity-tf-NAME)."""
-  app.run(main)
+  cli.run(main, __doc__)
 
 
 if __name__ == "__main__":

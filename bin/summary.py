@@ -17,7 +17,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from absl import app
 from absl import flags
 
 from identity_tf import architectures
@@ -68,7 +67,7 @@ def main(argv):
 
 def run():
   """The console script's entry point (pip install: identity-tf-NAME)."""
-  app.run(main)
+  cli.run(main, __doc__)
 
 
 if __name__ == "__main__":

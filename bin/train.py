@@ -22,7 +22,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from absl import app
 from absl import flags
 
 from identity_tf.commands import cli
@@ -49,8 +48,8 @@ flags.DEFINE_boolean("verbose", False,
                      "diagnostics on every progress line (not only when "
                      "abnormal); metrics.jsonl has them all anyway.")
 # One override flag per configs.Config field; unset flags keep the preset's
-# (--help shows the default preset's).
-cli.define_config_flags(configs.Config, defaults=configs.PRESETS["smoke"])
+# (--help shows those of the --preset given, grouped: configs.FLAG_GROUPS).
+cli.define_config_flags(configs.Config)
 # --help lists the flags this binary takes from cli with its own.
 flags.adopt_module_key_flags(cli)
 
@@ -73,7 +72,7 @@ def main(argv):
 
 def run():
   """The console script's entry point (pip install: identity-tf-NAME)."""
-  app.run(main)
+  cli.run(main, __doc__, configs.FLAG_GROUPS, cli.preset_values)
 
 
 if __name__ == "__main__":

@@ -294,6 +294,30 @@ PRESETS = {
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
+# //bin:train's --help: one heading per group of Config fields, in this
+# order (every field but `preset`, each once: tests/reliability_test.py).
+FLAG_GROUPS = (
+    ("the network", ("model", "width", "units", "init", "head", "norm",
+                     "use_bias", "seed", "residual", "projection_scale",
+                     "logit_scale")),
+    ("the data", ("dataset", "num_train_examples", "num_eval_examples",
+                  "flip")),
+    ("the optimiser", ("batch_size", "train_steps", "learning_rate",
+                       "lr_schedule", "lr_boundaries", "lr_decay_factor",
+                       "lr_decay_epochs", "momentum", "nesterov",
+                       "weight_decay", "weight_decay_scope",
+                       "bias_lr_factor", "label_smoothing")),
+    ("stabilisers", ("warmup_steps", "grad_clip_norm", "grad_clip_steps",
+                     "agc_clip")),
+    ("checkpoints, progress and evaluation", (
+        "checkpoint_steps", "keep_checkpoints", "log_steps",
+        "steps_per_loop", "eval_steps", "eval_at_end", "eval_batch_size",
+        "eval_train_at_end")),
+    ("distribution, precision and speed", (
+        "strategy", "deterministic", "precision", "float32_stream",
+        "jit_compile")),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Arm:

@@ -122,6 +122,69 @@ class FiniteFlagsTest(absltest.TestCase):
         self.assertNotIn("Traceback", result.stderr, what)
 
 
+def _helpfull_flags(binary):
+  """The flags absl's --helpfull lists under BINARY's module and the
+  command layer's (those a binary adopts), read off its sections."""
+  text = testing.run_binary(binary, "--helpfull").stdout  # absl exits 1.
+  parts = re.split(r"^(\S.*):$", text, flags=re.M)
+  names = set()
+  for header, body in zip(parts[1::2], parts[2::2]):
+    if header.endswith(f"bin/{binary}.py") or header.endswith(".cli"):
+      names.update(re.findall(r"^  --(?:\[no\])?(\w+):", body, re.M))
+  return names
+
+
+def _help_flags(text):
+  """{flag: the value shown beside it, None if none} of a --help TEXT."""
+  return {name: value or None for name, value in re.findall(
+      r"^  --(?:\[no\])?(\w+)(?:=(.*))?$", text, re.M)}
+
+
+class HelpTest(absltest.TestCase):
+  """--help lists what a user can set: every flag of the binary, grouped
+  for //bin:train, with the chosen preset's value beside each."""
+
+  def test_train_help_shows_every_setting_of_the_chosen_preset(self):
+    result = testing.run_binary("train", "--preset=cifar10_paper", "--help",
+                                check=True)
+    text = result.stdout
+    shown = _help_flags(text)
+    self.assertEqual(set(shown), _helpfull_flags("train"))
+    self.assertLen(re.findall(r"^  --", text, re.M), len(shown))
+    # Section 4.1 of the paper, and the clip the preset adds.
+    for name, value in {"learning_rate": "0.05", "momentum": "0.9",
+                        "batch_size": "128", "weight_decay": "0.0001",
+                        "lr_boundaries": "30000,50000", "lr_decay_factor":
+                        "0.1", "grad_clip_norm": "1.0",
+                        "preset": "cifar10_paper"}.items():
+      self.assertEqual(shown[name], value, name)
+    self.assertEqual(re.findall(r"^(\w[\w ,]*):$", text, re.M), [
+        "the command", "the network", "the data", "the optimiser",
+        "stabilisers", "checkpoints, progress and evaluation",
+        "distribution, precision and speed"])
+    # absl's own flags and file headers are --helpfull's, not --help's; no
+    # line continuation collapsed into a run of spaces.
+    self.assertNotIn("verbosity", shown)
+    self.assertNotIn(".py:", text)
+    for line in text.splitlines():
+      self.assertNotRegex(line.strip(), r"\S {3,}\S", line)
+    # Another preset, another column of values (NF-ResNet's recipe).
+    other = _help_flags(testing.run_binary(
+        "train", "--preset", "nf_resnet_cifar", "-h", check=True).stdout)
+    self.assertEqual((other["nesterov"], other["lr_schedule"]),
+                     ("true", "cosine"))
+
+  def test_every_binary_lists_its_own_flags(self):
+    binaries = sorted(name[:-3] for name in os.listdir(
+        os.path.join(testing.source_root(), "bin")) if name.endswith(".py"))
+    for binary in binaries:
+      result = testing.run_binary(binary, "--help")
+      with self.subTest(binary=binary):
+        self.assertEqual(result.returncode, 0, result.stderr[-1000:])
+        self.assertEqual(set(_help_flags(result.stdout)),
+                         _helpfull_flags(binary))
+
+
 class EarlySignalTest(testing.SharedRootTestCase):
 
   def test_a_signal_in_the_first_seconds_is_one_line(self):

@@ -14,7 +14,9 @@ import re
 import signal
 import sys
 import tempfile
+import textwrap
 
+from absl import app
 from absl import flags
 from absl import logging
 
@@ -208,20 +210,15 @@ def define_checkpoint():
       "intact checkpoint in --model_dir).")
 
 
-def define_config_flags(config_class, exclude=("preset",), defaults=None):
+def define_config_flags(config_class, exclude=("preset",)):
   """One flag per field of CONFIG_CLASS (a dataclass such as
-  `configs.Config`), default None (unset), with the field's help text and,
-  given DEFAULTS (an instance: a preset), its value there.
+  `configs.Config`), default None (unset: the preset's value, which --help
+  shows, `preset_values`), with the field's help text.
   `config_overrides` reads back the ones that were set."""
   for field in dataclasses.fields(config_class):
     if field.name in exclude:
       continue
     kind, text = field.type, field.metadata["help"]
-    if defaults is not None:
-      value = getattr(defaults, field.name)
-      shown = (",".join(map(str, value)) if isinstance(value, tuple)
-               else str(value).lower() if isinstance(value, bool) else value)
-      text += f" [{getattr(defaults, 'preset', 'default')} preset: {shown}]"
     if kind is tuple:
       flags.DEFINE_list(field.name, None, text)
     elif kind is bool:
@@ -234,12 +231,84 @@ def define_config_flags(config_class, exclude=("preset",), defaults=None):
       flags.DEFINE_string(field.name, None, text)
 
 
+# What asks a binary for its help (absl's spellings).
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--help=true")
+
+
+def run(main, doc, groups=(), shown=None):
+  """absl's `app.run(MAIN)`, but --help (-h, -?, --helpshort) prints
+  `usage(DOC, ...)` on stdout and exits 0. SHOWN(argv) gives the values to
+  show beside the flags (default: their defaults): //bin:train shows the
+  preset named on the command line."""
+  argv = sys.argv[1:]
+  if any(arg in HELP_FLAGS for arg in argv):
+    sys.stdout.write(usage(doc, sys.modules[main.__module__], groups,
+                           shown(argv) if shown else None))
+    sys.exit(0)
+  app.run(main)
+
+
+def usage(doc, module, groups=(), shown=None):
+  """DOC, then every flag MODULE defines or adopts (its absl key flags):
+  first under "the command" those GROUPS leave out, then under each of
+  GROUPS' headings ((heading, flag names) pairs) its flags; each with its
+  value, SHOWN[name] if SHOWN has it, else its default. (absl's --helpfull
+  lists absl's own flags too.)"""
+  shown = shown or {}
+  own = {flag.name: flag
+         for flag in flags.FLAGS.get_key_flags_for_module(module)}
+  grouped = {name for _, names in groups for name in names}
+  sections = [("the command" if groups else "flags",
+               sorted(set(own) - grouped))]
+  sections += [(heading, [name for name in names if name in own])
+               for heading, names in groups]
+  text = textwrap.dedent(doc).strip() + "\n"
+  if "preset" in shown:
+    text += (f"\nBeside each flag: its value in the {shown['preset']} "
+             "preset (--preset=NAME --help shows another's); a flag that "
+             "is set overrides it.\n")
+  for heading, names in sections:
+    if names:
+      text += f"\n{heading}:\n"
+      for name in names:
+        value = shown[name] if name in shown else own[name].default
+        text += _flag_usage(own[name], value)
+  return text
+
+
+def _flag_usage(flag, value):
+  """FLAG's lines in `usage`: --name=VALUE, then its help, indented."""
+  name = f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}"
+  if isinstance(value, (tuple, list)):
+    value = ",".join(map(str, value))
+  elif isinstance(value, bool):
+    value = str(value).lower()
+  line = f"  {name}" + ("" if value is None else f"={value}")
+  return line + "\n" + textwrap.fill(
+      flag.help, width=79, initial_indent=" " * 6,
+      subsequent_indent=" " * 6) + "\n"
+
+
 def check_at_least(minimum, *names):
   """Refuses a value below MINIMUM of each flag of NAMES with absl's one
   line, worded "--NAME must be >= MINIMUM"."""
   for name in names:
     flags.register_validator(name, lambda value: value >= minimum,
                              message=f"--{name} must be >= {minimum}")
+
+
+def preset_values(argv):
+  """{Config field: value} of the preset ARGV names with --preset (smoke if
+  it names none or an unknown one), and "preset" its name: what //bin:train
+  --help shows beside each flag."""
+  name = "smoke"
+  for i, arg in enumerate(argv):
+    if arg.startswith("--preset="):
+      name = arg.split("=", 1)[1]
+    elif arg == "--preset" and i + 1 < len(argv):
+      name = argv[i + 1]
+  name = name if name in configs.PRESETS else "smoke"
+  return dict(dataclasses.asdict(configs.PRESETS[name]), preset=name)
 
 
 def config_overrides(config_class, exclude=("preset",)):
