@@ -16,7 +16,12 @@ from identity_tf import errors
 # frozen or trained, or a trained dense classifier with bias drawn as Fixup
 # ("zero") or NF-ResNet ("normal": N(0, 0.01^2)) draw theirs.
 HEADS = ("frozen", "trainable", "zero", "normal")
-INIT_SCHEMES = ("paper", "standard")
+# How the paper's networks draw their weights: "paper" std 1/(k^2 c) and
+# "standard" 1/(k sqrt(c)) for every convolution (`layers.ResidualInitializer`);
+# "fixup" the paper's stem, C2 = 0 (every unit exactly the identity) and C1
+# He-normal scaled by L^(-1/2) for L units: Fixup's rule 2 (Zhang, Dauphin &
+# Ma, 2019) on the paper's unit, without Fixup's scalars.
+INIT_SCHEMES = ("paper", "standard", "fixup")
 # How a residual unit's branch is parametrised (`layers.ConvResidualUnit`):
 #   plain     x + C2(ReLU(C1 x)), the paper's unit;
 #   skipinit  x + a C2(ReLU(C1 x)) with a trainable scalar a = 0 at init
@@ -129,6 +134,9 @@ def complete_options(name, **options):
   _check(opts["init"] in INIT_SCHEMES,
          f"unknown init {opts['init']!r}; valid: "
          f"{', '.join(INIT_SCHEMES)}")
+  _check(not (opts["norm"] and opts["init"] == "fixup"),
+         "init fixup is the paper's unit with C2 = 0: batch-norm networks "
+         "take init paper or standard")
   _check(opts["residual"] in RESIDUALS,
          f"unknown residual {opts['residual']!r}; valid: "
          f"{', '.join(RESIDUALS)}")

@@ -81,7 +81,8 @@ class Config:
                         "in Table 1).")
   init: str = _field(None, f"Initialisation: "
                      f"{_names(architectures.INIT_SCHEMES)} (paper: std "
-                     "1/(k^2 c); default: the model's).")
+                     "1/(k^2 c); fixup: C2 = 0 and C1 He-normal x L^-1/2, "
+                     "the paper's stem; default: the model's).")
   head: str = _field(None, f"Final layer: {_names(architectures.HEADS)} "
                      "(frozen: the paper's random projection; trainable: "
                      "the same, trained; zero: a trained dense layer with "
@@ -503,6 +504,15 @@ STUDIES = {
                             "global clip"),
             Arm("gain", "cifar10_paper", (("residual", "gain"),),
                 description="a trained scalar gain from 1 on every branch"),
+            # The small initialisation starts every unit at a saddle (C1 and
+            # C2 both near 0: each one's gradient is proportional to the
+            # other); C2 = 0 keeps the identity exactly while C1 at He's
+            # scale gives C2 a gradient from the first step.
+            Arm("fixup_init", "cifar10_paper", (("init", "fixup"),),
+                description="clipped, C2 = 0 and C1 He-normal x L^-1/2 "
+                            "(Fixup's rule 2 on the paper's unit)"),
+            Arm("fixup_init_unclipped", _LITERAL, (("init", "fixup"),),
+                description="the same without clipping"),
             Arm("clip_first_epoch", _LITERAL, _CLIP + (
                 ("grad_clip_steps", 469),),
                 description="clipped during the first epoch only"),

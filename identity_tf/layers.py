@@ -38,10 +38,12 @@ class ResidualInitializer(keras.initializers.Initializer):
                                           1/(k^2 c), He et al. without the 2).
   """
 
+  SCHEMES = ("paper", "standard")
+
   def __init__(self, scheme="paper", seed=None):
-    if scheme not in INIT_SCHEMES:
+    if scheme not in self.SCHEMES:
       raise ValueError(
-          f"unknown init scheme {scheme!r}; valid: {', '.join(INIT_SCHEMES)}")
+          f"unknown init scheme {scheme!r}; valid: {', '.join(self.SCHEMES)}")
     self.scheme = scheme
     self.seed = seed
 
@@ -124,7 +126,7 @@ class _ConvUnitBase(StridedUnit):
   def _conv(self, strides, seed_offset, name, init=None):
     init = init or self.kernel_initializer
     seed = None if self.seed is None else self.seed + seed_offset
-    if init in INIT_SCHEMES:
+    if init in ResidualInitializer.SCHEMES:
       init = ResidualInitializer(init, seed=seed)
     elif isinstance(init, str):
       init = keras.initializers.get(init)
@@ -175,6 +177,9 @@ class ConvResidualUnit(_ConvUnitBase):
     L^(-1/(2m-2)) = L^(-1/2) for L = `num_branches` residual branches of
     m = 2 layers (rule 2). Where the shape is kept S(x + b1) is x, as in
     Fixup's ResNets.
+
+  `kernel_initializer="fixup"` draws C1 and C2 by that rule 2 for any
+  `residual`: the plain unit then starts as exactly S.
   """
 
   def __init__(self, filters, residual="plain", num_branches=None, **kwargs):
@@ -182,15 +187,16 @@ class ConvResidualUnit(_ConvUnitBase):
     if residual not in RESIDUALS:
       raise ValueError(f"unknown residual {residual!r}; valid: "
                        f"{', '.join(RESIDUALS)}")
-    if residual == "fixup" and not (num_branches and num_branches >= 1):
-      raise ValueError("residual='fixup' needs num_branches >= 1, the "
+    if "fixup" in (residual, self.kernel_initializer) and not (
+        num_branches and num_branches >= 1):
+      raise ValueError("Fixup's initialisation needs num_branches >= 1, the "
                        "number of residual branches in the network")
     self.residual = residual
     self.num_branches = None if num_branches is None else int(num_branches)
 
   def build(self, input_shape):
     self._check_input(input_shape)
-    if self.residual == "fixup":
+    if "fixup" in (self.residual, self.kernel_initializer):
       # Rule 2 of Fixup: He normal scaled by L^(-1/2) is variance
       # 2 / (L fan_in); the branch's last layer starts at zero.
       self.conv1 = self._conv(
@@ -198,6 +204,10 @@ class ConvResidualUnit(_ConvUnitBase):
               2.0 / self.num_branches, mode="fan_in",
               distribution="untruncated_normal", seed=self.seed))
       self.conv2 = self._conv(1, 1, "conv2", "zeros")
+    else:
+      self.conv1 = self._conv(self.strides, 0, "conv1")
+      self.conv2 = self._conv(1, 1, "conv2")
+    if self.residual == "fixup":
       scalar = dict(shape=(), trainable=True)
       self.bias1a = self.add_weight(name="bias1a", initializer="zeros",
                                     **scalar)
@@ -208,9 +218,6 @@ class ConvResidualUnit(_ConvUnitBase):
       self.scale = self.add_weight(name="scale", initializer="ones", **scalar)
       self.bias2b = self.add_weight(name="bias2b", initializer="zeros",
                                     **scalar)
-    else:
-      self.conv1 = self._conv(self.strides, 0, "conv1")
-      self.conv2 = self._conv(1, 1, "conv2")
     if self.residual in ("skipinit", "gain"):
       self.branch_gain = self.add_weight(
           name="branch_gain", shape=(), trainable=True,
@@ -288,7 +295,7 @@ class DenseResidualUnit(keras.layers.Layer):
     init = self.kernel_initializer
     seeds = (None, None) if self.seed is None else (self.seed, self.seed + 1)
     inits = ([ResidualInitializer(init, seed=s) for s in seeds]
-             if init in INIT_SCHEMES else [init, init])
+             if init in ResidualInitializer.SCHEMES else [init, init])
     self.u_kernel = self.add_weight(
         name="u_kernel", shape=(k, k), initializer=inits[0])
     self.bias = self.add_weight(name="bias", shape=(k,), initializer="zeros")

@@ -111,7 +111,8 @@ def _paper_network(arch, opts, inputs, stream, head):
     x = keras.layers.Conv2D(
         _scaled(channels, opts["width"]), kernel, strides=stride,
         padding="same", use_bias=opts["use_bias"],
-        kernel_initializer=layers.ResidualInitializer(init, seed=seed * 1000 + i),
+        kernel_initializer=layers.ResidualInitializer(
+            "paper" if init == "fixup" else init, seed=seed * 1000 + i),
         name=f"stem{i + 1}")(x)
   if opts["norm"]:
     unit_class, unit_options = layers.PreActivationUnit, {}

@@ -213,6 +213,38 @@ class GainTest(absltest.TestCase):
     np.testing.assert_allclose(unit(x).numpy(), x + 3 * branch, atol=1e-5)
 
 
+class FixupInitTest(absltest.TestCase):
+  """init="fixup": the paper's unit and frozen projection, each unit's C2
+  at 0 and its C1 at He's scale over sqrt(L) (Fixup's rule 2, no scalars)."""
+
+  def test_units_are_their_shortcut_and_c1_is_he_over_sqrt_l(self):
+    model = model_lib.build_model("cifar10", init="fixup", width=0.5,
+                                  classes=10)
+    for unit in _units(model):
+      np.testing.assert_array_equal(unit.conv2.kernel.numpy(), 0.0)
+      x = _images(2, channels=unit.input.shape[-1], size=unit.input.shape[1])
+      expected = x
+      if unit.strides > 1:  # 2x2 average pooling, written out.
+        expected = expected.reshape(2, x.shape[1] // 2, 2, x.shape[2] // 2, 2,
+                                    x.shape[3]).mean(axis=(2, 4))
+      extra = unit.filters - x.shape[-1]
+      expected = np.pad(expected, [(0, 0)] * 3 +
+                        [(extra // 2, extra - extra // 2)])
+      np.testing.assert_allclose(unit(x).numpy(), expected, atol=1e-6)
+    kernel = model.get_layer("stage3_unit5").conv1.kernel.numpy()
+    # He et al.'s 2 / fan_in (fan_in = 9 x 128 at width 0.5), over L = 27.
+    self.assertAlmostEqual(kernel.std() / math.sqrt(2 / (9 * 128) / 27), 1.0,
+                           delta=0.03)
+    # The stem and the head are the paper's: std 1/(k^2 c), frozen.
+    stem = model.get_layer("stem1").kernel.numpy()
+    self.assertAlmostEqual(stem.std() * 9 * stem.shape[-1], 1.0, delta=0.1)
+    self.assertFalse(model.get_layer("projection").trainable)
+
+  def test_batch_norm_networks_refuse_it(self):
+    with self.assertRaisesRegex(ValueError, "init fixup"):
+      model_lib.build_model("resnet_bn", init="fixup", width=0.125, units=1)
+
+
 class LogitScaleTest(absltest.TestCase):
 
   def test_the_frozen_projection_scales_the_logits(self):

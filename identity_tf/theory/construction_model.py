@@ -83,7 +83,7 @@ class ReluReadout(keras.layers.Layer):
     self.kernel_initializer = kernel_initializer
 
   def _initializer(self, seed):
-    if self.kernel_initializer in layers.INIT_SCHEMES:
+    if self.kernel_initializer in layers.ResidualInitializer.SCHEMES:
       return layers.ResidualInitializer(self.kernel_initializer, seed=seed)
     return self.kernel_initializer
 
