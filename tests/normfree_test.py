@@ -46,6 +46,16 @@ def _units(model):
   return [l for l in model.layers if l.name.startswith("stage")]
 
 
+def _pool_pad_shortcut(x, filters, strides):
+  """The paper's shortcut written out: 2x2 average pooling when STRIDES is
+  2, then zero channels on both sides up to FILTERS."""
+  n, h, w, c = x.shape
+  if strides > 1:
+    x = x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
+  extra = filters - c
+  return np.pad(x, [(0, 0)] * 3 + [(extra // 2, extra - extra // 2)])
+
+
 class FixupTest(absltest.TestCase):
 
   def test_each_unit_starts_as_its_shortcut_and_the_logits_at_zero(self):
@@ -103,14 +113,9 @@ class SkipInitTest(absltest.TestCase):
     model = model_lib.build_model("skipinit", **TINY)
     for unit in _units(model):
       x = _images(4, channels=unit.input.shape[-1], size=unit.input.shape[1])
-      expected = x
-      if unit.strides > 1:  # 2x2 average pooling, written out.
-        expected = expected.reshape(4, x.shape[1] // 2, 2, x.shape[2] // 2, 2,
-                                    x.shape[3]).mean(axis=(2, 4))
-      extra = unit.filters - x.shape[-1]
-      expected = np.pad(expected, [(0, 0)] * 3 +
-                        [(extra // 2, extra - extra // 2)])
-      np.testing.assert_allclose(unit(x).numpy(), expected, atol=1e-6)
+      np.testing.assert_allclose(
+          unit(x).numpy(), _pool_pad_shortcut(x, unit.filters, unit.strides),
+          atol=1e-6)
       self.assertEqual(float(unit.skip_gain.numpy()), 0.0)
 
   def test_convolutions_are_he_initialised_and_the_classifier_small(self):
@@ -223,14 +228,9 @@ class FixupInitTest(absltest.TestCase):
     for unit in _units(model):
       np.testing.assert_array_equal(unit.conv2.kernel.numpy(), 0.0)
       x = _images(2, channels=unit.input.shape[-1], size=unit.input.shape[1])
-      expected = x
-      if unit.strides > 1:  # 2x2 average pooling, written out.
-        expected = expected.reshape(2, x.shape[1] // 2, 2, x.shape[2] // 2, 2,
-                                    x.shape[3]).mean(axis=(2, 4))
-      extra = unit.filters - x.shape[-1]
-      expected = np.pad(expected, [(0, 0)] * 3 +
-                        [(extra // 2, extra - extra // 2)])
-      np.testing.assert_allclose(unit(x).numpy(), expected, atol=1e-6)
+      np.testing.assert_allclose(
+          unit(x).numpy(), _pool_pad_shortcut(x, unit.filters, unit.strides),
+          atol=1e-6)
     kernel = model.get_layer("stage3_unit5").conv1.kernel.numpy()
     # He et al.'s 2 / fan_in (fan_in = 9 x 128 at width 0.5), over L = 27.
     self.assertAlmostEqual(kernel.std() / math.sqrt(2 / (9 * 128) / 27), 1.0,

@@ -883,14 +883,19 @@ class MalformedFilesTest(testing.SharedRootTestCase):
   """Item 9: a config.json or model_info.json of the wrong shape is one line
   naming the file, and nothing changes."""
 
-  def test_a_malformed_config_json_is_named(self):
-    model_dir = os.path.join(self.root, "run")
+  def _trained(self, name):
+    """(model_dir, its config.json's path, the description in it) of a run
+    of 10 steps trained in ROOT/NAME."""
+    model_dir = os.path.join(self.root, name)
     testing.run_binary("train", *TINY, "--train_steps=10",
                        "--eval_at_end=false", f"--model_dir={model_dir}",
                        check=True)
     path = os.path.join(model_dir, "config.json")
     with open(path) as f:
-      good = json.load(f)
+      return model_dir, path, json.load(f)
+
+  def test_a_malformed_config_json_is_named(self):
+    model_dir, path, good = self._trained("run")
     not_a_run = f"error: {path} is not the description of a training run ("
     variants = {
         "config null": (dict(good, config=None),
@@ -932,13 +937,7 @@ class MalformedFilesTest(testing.SharedRootTestCase):
 
   def test_a_bad_stored_value_names_config_json_not_a_flag(self):
     # Item 10: the user passed no --batch_size; the line names the file.
-    model_dir = os.path.join(self.root, "stored")
-    testing.run_binary("train", *TINY, "--train_steps=10",
-                       "--eval_at_end=false", f"--model_dir={model_dir}",
-                       check=True)
-    path = os.path.join(model_dir, "config.json")
-    with open(path) as f:
-      good = json.load(f)
+    model_dir, path, good = self._trained("stored")
     cases = {
         # A network's field or the batch cannot change on resume.
         "batch_size": (-5, "use a new --model_dir"),
