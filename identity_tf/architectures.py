@@ -3,8 +3,9 @@
 The table of `model.build_model`'s networks (Table 1 of Hardt & Ma, 2017,
 and the 34-layer ImageNet variant), their default options and the valid
 values of every option, with `complete_options`, the one validator of a
-network's options. Pure Python: configurations and flags are checked with it
-before TensorFlow loads.
+network's options, which returns them complete as a `ModelOptions`. Pure
+Python: configurations and flags are checked with it before TensorFlow
+loads.
 """
 
 import dataclasses
@@ -79,6 +80,64 @@ DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
                 logit_scale=1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+  """The complete options of a network of `MODELS` (`complete_options`).
+
+  `model.build_model(name, **options.to_dict())` builds it; training stores
+  `to_dict()` in config.json and an export in model_info.json, as
+  "model": {"name": ..., "options": ...}. Every field is set, so that a
+  stored run rebuilds the same network if a default changes.
+
+  Attributes:
+    classes: the number of classes (logits).
+    width: the multiplier of every layer's channels (1.0: Table 1's).
+    units: the residual units of each stage, one integer per stage.
+    norm: batch-norm pre-activation units (the `resnet_bn` baseline).
+    head: the final layer, one of `HEADS`.
+    init: how the convolutions are drawn, one of `INIT_SCHEMES`
+      (`layers.ResidualInitializer`).
+    seed: seeds every initial weight and the random projection.
+    image_size: the height and width of the input images.
+    use_bias: the convolutions have biases.
+    residual: the parametrisation of a residual unit's branch, one of
+      `RESIDUALS`.
+    projection_scale: the variance of the random projection's entries, one
+      of `PROJECTION_SCALES`.
+    logit_scale: a fixed multiplier of the random projection's entries
+      (`layers.RandomProjection`).
+  """
+  classes: int
+  width: float
+  units: tuple
+  norm: bool
+  head: str
+  init: str
+  seed: int
+  image_size: int
+  use_bias: bool
+  residual: str
+  projection_scale: str
+  logit_scale: float
+
+  def to_dict(self):
+    """The JSON dict of config.json and model_info.json, units a list.
+    Sorted by key as config.json stores it, so that model_info.json, which
+    an export writes from config.json, lists them as exports always have."""
+    values = {**dataclasses.asdict(self), "units": list(self.units)}
+    return dict(sorted(values.items()))
+
+  @classmethod
+  def from_dict(cls, name, values):
+    """The options of network NAME that VALUES (a `to_dict` dict) stores,
+    checked by `complete_options`. An older version's config.json may lack
+    an option added since: it takes its default, the network it built."""
+    _check(isinstance(values, dict),
+           f"the options of model {name} must be a dict, got "
+           f"{type(values).__name__}")
+    return complete_options(name, **values)[1]
+
+
 def input_size(name):
   """The height and width of network NAME's input images (its default)."""
   _check(name in MODELS,
@@ -99,11 +158,11 @@ def _check(condition, message):
 
 
 def complete_options(name, **options):
-  """Validates NAME and OPTIONS; returns (architecture, complete options).
+  """Validates NAME and OPTIONS; returns (architecture, `ModelOptions`).
 
   The one validator of a network's options: `model.build_model` and
   `configs.validate` both call it. Options that are None take the model's
-  default; a bad one raises ValueError naming the valid values.
+  default; a bad one raises ConfigError naming the valid values.
   """
   _check(name in MODELS,
          f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
@@ -158,7 +217,7 @@ def complete_options(name, **options):
   opts["image_size"] = opts["image_size"] or arch.image_size
   _check(opts["image_size"] >= 8,
          f"image_size must be at least 8, got {opts['image_size']}")
-  return arch, opts
+  return arch, ModelOptions(**opts)
 
 
 def scaled_channels(channels, width):
@@ -168,12 +227,13 @@ def scaled_channels(channels, width):
 
 def unit_plan(arch, opts):
   """The residual units of a network, in order: (name, channels, stride,
-  index within its stage) per unit, at opts' width and units per stage."""
+  index within its stage) per unit, at the width and units per stage of
+  OPTS (its `ModelOptions`)."""
   plan = []
   for stage, (width, units, stride) in enumerate(
-      zip(arch.widths, opts["units"], arch.strides)):
+      zip(arch.widths, opts.units, arch.strides)):
     for unit in range(units):
       plan.append((f"stage{stage + 1}_unit{unit + 1}",
-                   scaled_channels(width, opts["width"]),
+                   scaled_channels(width, opts.width),
                    stride if unit == 0 else 1, unit))
   return plan

@@ -91,7 +91,7 @@ def build_model(name, precision=None, float32_stream=False, **options):
 
 def _build_model(name, stream, **options):
   arch, opts = complete_options(name, **options)
-  size = opts["image_size"]
+  size = opts.image_size
   inputs = keras.Input((size, size, 3), name="images")
   head = functools.partial(_head, opts)
   if name in PEER_NETWORKS:
@@ -99,42 +99,42 @@ def _build_model(name, stream, **options):
   else:
     logits = _paper_network(arch, opts, inputs, stream, head)
   model = keras.Model(inputs, logits, name=name)
-  model.build_options = {"name": name, **opts, "units": list(opts["units"])}
+  model.build_options = {"name": name, **opts.to_dict()}
   return model
 
 
 def _paper_network(arch, opts, inputs, stream, head):
   """Table 1's network (and its batch-norm baseline) on INPUTS."""
-  seed, init = opts["seed"], opts["init"]
+  seed, init = opts.seed, opts.init
   x = inputs
   for i, (kernel, channels, stride) in enumerate(arch.stem):
     x = keras.layers.Conv2D(
-        _scaled(channels, opts["width"]), kernel, strides=stride,
-        padding="same", use_bias=opts["use_bias"],
+        _scaled(channels, opts.width), kernel, strides=stride,
+        padding="same", use_bias=opts.use_bias,
         kernel_initializer=layers.ResidualInitializer(
             "paper" if init == "fixup" else init, seed=seed * 1000 + i),
         name=f"stem{i + 1}")(x)
-  if opts["norm"]:
+  if opts.norm:
     unit_class, unit_options = layers.PreActivationUnit, {}
   else:
     # Fixup scales its initialisation by the number of residual branches.
     unit_class = layers.ConvResidualUnit
-    unit_options = dict(residual=opts["residual"],
-                        num_branches=sum(opts["units"]))
+    unit_options = dict(residual=opts.residual,
+                        num_branches=sum(opts.units))
   for number, (name, channels, stride, _) in enumerate(
       architectures.unit_plan(arch, opts)):
     x = unit_class(
-        channels, strides=stride, use_bias=opts["use_bias"],
+        channels, strides=stride, use_bias=opts.use_bias,
         kernel_initializer=init, seed=seed * 1000 + 10 + 2 * number,
         name=name, **unit_options, **stream)(x)
-  if opts["norm"]:
+  if opts.norm:
     x = keras.layers.BatchNormalization(name="final_bn")(x)
     x = keras.layers.ReLU(name="final_relu")(x)
   return head(x)
 
 
 def _head(opts, x, before_classifier=None):
-  """Global average pooling of X, then the final layer opts["head"] names
+  """Global average pooling of X, then the final layer opts.head names
   (`architectures.HEADS`), always named "projection"; BEFORE_CLASSIFIER,
   if given, maps the pooled features first (Fixup's scalar bias)."""
   # Under a mixed-precision policy (e.g. keras.mixed_precision
@@ -149,16 +149,16 @@ def _head(opts, x, before_classifier=None):
   x = keras.layers.GlobalAveragePooling2D(dtype=head_dtype, name="pool")(x)
   if before_classifier is not None:
     x = before_classifier(x)
-  if opts["head"] in ("frozen", "trainable"):
+  if opts.head in ("frozen", "trainable"):
     return layers.RandomProjection(
-        opts["classes"], seed=opts["seed"],
-        trainable=opts["head"] == "trainable",
-        scale=opts["projection_scale"], logit_scale=opts["logit_scale"],
+        opts.classes, seed=opts.seed,
+        trainable=opts.head == "trainable",
+        scale=opts.projection_scale, logit_scale=opts.logit_scale,
         dtype=head_dtype,
         name="projection")(x)
-  kernel = ("zeros" if opts["head"] == "zero" else
-            keras.initializers.RandomNormal(stddev=0.01, seed=opts["seed"]))
-  return keras.layers.Dense(opts["classes"], kernel_initializer=kernel,
+  kernel = ("zeros" if opts.head == "zero" else
+            keras.initializers.RandomNormal(stddev=0.01, seed=opts.seed))
+  return keras.layers.Dense(opts.classes, kernel_initializer=kernel,
                             bias_initializer="zeros", dtype=head_dtype,
                             name="projection")(x)
 

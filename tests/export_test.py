@@ -229,7 +229,9 @@ class ExportTest(absltest.TestCase):
     self.assertEqual(info["input"]["image_size"], 32)
     self.assertEqual(info["model"]["name"], "cifar10")
     self.assertEqual(info["preprocessing"],
-                     self.trained_run.preprocessing)
+                     self.trained_run.preprocessing.to_dict())
+    self.assertEqual(info["model"]["options"],
+                     self.trained_run.model_options.to_dict())
     self.assertEqual(info["checkpoint"],
                      checkpoints.find_checkpoint(self.model_dir))
 

@@ -5,9 +5,11 @@ fake ImageNet archives and lets TFDS's own cifar10, cifar100 and imagenet2012
 builders prepare them (only the network fetch of the CIFAR archives is
 replaced by the local directory), then the pipeline reads them back through
 `tfds.builder(...).as_dataset`. `tfds.testing.mock_data` covers the same three
-datasets with TFDS's random mock examples.
+datasets with TFDS's random mock examples. `PreprocessingContractTest` reads
+no data: the preprocessing as config.json stores it.
 """
 
+import dataclasses
 import importlib.resources
 import importlib.resources.abc
 import io
@@ -24,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from identity_tf import errors
 from identity_tf.data import datasets
 from identity_tf.data import pipeline as ip
 from identity_tf.data import preprocessing
@@ -137,6 +140,87 @@ def _standardized(images):
       tf.constant(images, tf.float32)).numpy()
 
 
+def _info(name, shape):
+  """A `datasets.DatasetInfo` of NAME's images of SHAPE, written out."""
+  return datasets.DatasetInfo(name, 10, shape, tuple("abcdefghij"), "train",
+                              "test")
+
+
+class PreprocessingContractTest(absltest.TestCase):
+  """`datasets.Preprocessing` and the dict of config.json: no data read."""
+
+  def test_fashion_mnist_at_32_is_written_as_config_json_holds_it(self):
+    written = datasets.preprocessing_config(
+        _info("fashion_mnist", (28, 28, 1)), 32).to_dict()
+    # By hand: 28x28 grey images into the CIFAR network's 32x32 input,
+    # translated by 32/8 pixels, flipped (clothes are not digits).
+    self.assertEqual(json.dumps(written),
+                     '{"channels": 1, "flip": true, "image_size": 32, '
+                     '"input_size": [28, 28], "kind": "cifar", "pad": 4, '
+                     '"standardize": "per_image"}')
+    imagenet = datasets.preprocessing_config(
+        _info("imagenet2012", (None, None, 3)))
+    self.assertEqual(imagenet.to_dict(), {
+        "kind": "imagenet", "image_size": 224, "channels": 3, "resize": 256,
+        "crop_area_range": [0.08, 1.0],
+        "crop_aspect_ratio_range": [0.75, 1.3333333333333333], "flip": True,
+        "standardize": "per_channel", "mean": [123.675, 116.28, 103.53],
+        "std": [58.395, 57.12, 57.375]})
+
+  def test_every_kind_round_trips_through_json(self):
+    for info, size, kind in (
+        (_info("fashion_mnist", (28, 28, 1)), 32, "cifar"),
+        (_info("mnist", (28, 28, 1)), 28, "cifar"),
+        (datasets.synthetic_info(), 32, "cifar"),
+        (_info("cifar10", (32, 32, 3)), 24, "imagenet"),
+        (_info("imagenet2012", (None, None, 3)), 224, "imagenet"),
+        (_info("grey", (None, None, 1)), 64, "imagenet")):
+      config = datasets.preprocessing_config(info, size)
+      self.assertEqual(config.kind, kind, info.name)
+      stored = json.loads(json.dumps(config.to_dict()))
+      self.assertEqual(datasets.Preprocessing.from_dict(stored), config)
+      self.assertEqual(datasets.Preprocessing.from_dict(stored).to_dict(),
+                       stored)
+      self.assertIsInstance(config.input_shape, list)
+
+  def test_dicts_of_older_versions_read_as_what_they_did(self):
+    # The first config.json files had neither "channels" nor "input_size"
+    # (RGB images of the input's size).
+    cifar = {"kind": "cifar", "image_size": 32, "pad": 4, "flip": True,
+             "standardize": "per_image"}
+    self.assertEqual(datasets.Preprocessing.from_dict(cifar),
+                     datasets.preprocessing_config(
+                         _info("cifar10", (32, 32, 3)), 32))
+    imagenet = datasets.preprocessing_config(
+        _info("imagenet2012", (None, None, 3))).to_dict()
+    del imagenet["channels"]
+    self.assertEqual(datasets.Preprocessing.from_dict(imagenet).channels, 3)
+    with open(os.path.join(testing.source_root(), "tests", "testdata",
+                           "run_5d502b4", "config.json")) as f:
+      stored = json.load(f)["preprocessing"]
+    self.assertEqual(datasets.Preprocessing.from_dict(stored).to_dict(),
+                     stored)
+
+  def test_a_dict_that_is_no_preprocessing_is_one_data_error(self):
+    good = datasets.preprocessing_config(_info("cifar10", (32, 32, 3)))
+    for change, message in (
+        ({"kind": "mnist"}, "unknown preprocessing kind 'mnist'"),
+        ({"standardize": "none"}, "unknown standardize 'none'"),
+        ({"channels": 2}, "channels must be 1 or 3"),
+        ({"image_size": "big"}, "image_size is 'big', not an integer"),
+        ({"resize": 36}, "with per_image standardisation has no resize"),
+        ({"mean": [1, 2, 3]}, "has no mean"),
+        ({"scale": 2}, "with unknown scale")):
+      with self.assertRaisesRegex(errors.DataError, message, msg=change):
+        datasets.Preprocessing.from_dict({**good.to_dict(), **change})
+    without_pad = good.to_dict()
+    del without_pad["pad"]
+    with self.assertRaisesRegex(errors.DataError, "needs pad"):
+      datasets.Preprocessing.from_dict(without_pad)
+    with self.assertRaisesRegex(errors.DataError, "got list"):
+      datasets.Preprocessing.from_dict([good.to_dict()])
+
+
 class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
 
   @classmethod
@@ -214,23 +298,23 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
     fashion = tfds_data.dataset_info("fashion_mnist", self.data_dir)
     small = datasets.preprocessing_config(fashion, 32)
     self.assertEqual(
-        {k: small[k] for k in ("kind", "image_size", "input_size", "channels",
-                               "pad", "flip")},
-        {"kind": "cifar", "image_size": 32, "input_size": [28, 28],
-         "channels": 1, "pad": 4, "flip": True})
-    self.assertEqual(datasets.input_shape(small), [28, 28, 1])
-    self.assertEqual(datasets.preprocessing_config(fashion)["image_size"], 28)
+        (small.kind, small.image_size, small.input_size, small.channels,
+         small.pad, small.flip),
+        ("cifar", 32, (28, 28), 1, 4, True))
+    self.assertEqual(small.input_shape, [28, 28, 1])
+    self.assertEqual(datasets.preprocessing_config(fashion).image_size, 28)
     mnist = tfds_data.dataset_info("mnist", self.data_dir)
-    self.assertFalse(datasets.preprocessing_config(mnist, 32)["flip"])  # Digits.
-    self.assertTrue(datasets.preprocessing_config(mnist, 32, flip=True)["flip"])
+    self.assertFalse(datasets.preprocessing_config(mnist, 32).flip)  # Digits.
+    self.assertTrue(datasets.preprocessing_config(mnist, 32, flip=True).flip)
     imagenet = datasets.preprocessing_config(
         tfds_data.dataset_info("imagenet2012", self.data_dir), 224)
-    self.assertEqual((imagenet["kind"], imagenet["resize"]), ("imagenet", 256))
+    self.assertEqual((imagenet.kind, imagenet.resize), ("imagenet", 256))
     # Larger than the network's input: cropped and resized like ImageNet.
     self.assertEqual(datasets.preprocessing_config(
-        tfds_data.dataset_info("cifar10", self.data_dir), 24)["kind"], "imagenet")
+        tfds_data.dataset_info("cifar10", self.data_dir), 24).kind, "imagenet")
     for config in (small, imagenet):
-      self.assertEqual(json.loads(json.dumps(config)), config)
+      self.assertEqual(datasets.Preprocessing.from_dict(
+          json.loads(json.dumps(config.to_dict()))), config)
     with self.assertRaisesRegex(ValueError, "less than half"):
       datasets.preprocessing_config(fashion, 224)
     with self.assertRaisesRegex(ValueError, "unknown split 'validation'"):
@@ -243,7 +327,11 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "start_step must be"):
       ip.build_dataset("synthetic", "test", 8, training=False, start_step=3)
     with self.assertRaisesRegex(ValueError, "unknown preprocessing kind"):
-      preprocessing.preprocess_for_eval(tf.zeros([1, 32, 32, 3]), {"kind": "mnist"})
+      datasets.Preprocessing.from_dict({"kind": "mnist"})
+    # The ops take the typed preprocessing, not config.json's dict.
+    with self.assertRaisesRegex(ValueError, "must be a datasets.Preprocessing"):
+      preprocessing.preprocess_for_eval(tf.zeros([1, 32, 32, 3]),
+                                        small.to_dict())
 
   # --- missing datasets ---------------------------------------------------
 
@@ -663,7 +751,7 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
   def test_training_epochs_are_permutations(self):
     # No augmentation but standardisation: each training image identifies
     # its example.
-    config = dict(_config("synthetic"), pad=0, flip=False)
+    config = dataclasses.replace(_config("synthetic"), pad=0, flip=False)
     reference = np.concatenate([x for x, _ in _batches(ip.build_dataset(
         "synthetic", "train", 16, training=False, num_examples=48))])
     self.assertEqual(len(reference), 48)

@@ -1,5 +1,7 @@
 """Tests of the residual layers and the paper's networks (issue: foundation)."""
 
+import dataclasses
+import json
 import math
 import os
 import tempfile
@@ -9,6 +11,8 @@ import keras
 import numpy as np
 
 import identity_tf
+from identity_tf import architectures
+from identity_tf import errors
 from identity_tf import layers
 from identity_tf import model as model_lib
 import testing
@@ -343,6 +347,48 @@ class NetworkTest(absltest.TestCase):
     for kwargs, message in cases:
       with self.assertRaisesRegex(ValueError, message):
         identity_tf.build_model(**kwargs)
+
+
+class ModelOptionsTest(absltest.TestCase):
+  """`architectures.ModelOptions` and config.json's "model" "options"."""
+
+  def test_the_options_are_complete_and_round_trip_through_json(self):
+    self.assertEqual([f.name for f in dataclasses.fields(
+        architectures.ModelOptions)], list(architectures.DEFAULTS))
+    for name in architectures.MODELS:
+      _, options = architectures.complete_options(name, width=0.5, units=2)
+      self.assertIsInstance(options, architectures.ModelOptions)
+      stored = json.loads(json.dumps(options.to_dict()))
+      self.assertEqual(list(stored), sorted(stored))  # As config.json.
+      self.assertEqual(architectures.ModelOptions.from_dict(name, stored),
+                       options)
+    # By hand: Table 1's network for ten classes.
+    self.assertEqual(architectures.complete_options("cifar10")[1].to_dict(), {
+        "classes": 10, "head": "frozen", "image_size": 32, "init": "paper",
+        "logit_scale": 1.0, "norm": False, "projection_scale": "classes",
+        "residual": "plain", "seed": 0, "units": [9, 9, 9],
+        "use_bias": False, "width": 1.0})
+
+  def test_options_of_an_older_run_take_the_defaults_it_built_with(self):
+    with open(os.path.join(testing.source_root(), "tests", "testdata",
+                           "run_5d502b4", "config.json")) as f:
+      stored = json.load(f)["model"]
+    options = architectures.ModelOptions.from_dict(stored["name"],
+                                                   stored["options"])
+    self.assertNotIn("logit_scale", stored["options"])  # Added since.
+    self.assertEqual((options.units, options.width, options.logit_scale),
+                     ((1, 1, 1), 0.125, 1.0))
+    with self.assertRaisesRegex(errors.ConfigError, "unknown option"):
+      architectures.ModelOptions.from_dict("cifar10", {"depth": 3})
+    with self.assertRaisesRegex(errors.ConfigError, "must be a dict"):
+      architectures.ModelOptions.from_dict("cifar10", [])
+
+  def test_build_model_takes_the_stored_options_as_keywords(self):
+    _, options = architectures.complete_options(
+        "cifar10", width=0.125, units=1, image_size=16)
+    model = identity_tf.build_model("cifar10", **options.to_dict())
+    self.assertEqual(model.build_options,
+                     {"name": "cifar10", **options.to_dict()})
 
 
 class SummaryBinaryTest(absltest.TestCase):

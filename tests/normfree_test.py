@@ -357,7 +357,7 @@ class TrainResumeExportTest(absltest.TestCase):
         starts = [r["step"] for r in records if "start" in r]
         self.assertEqual(starts, [0, 4])  # The second run began at step 4.
         model, run, step = checkpoints.restore_model(model_dir)
-        self.assertEqual(run.preprocessing["image_size"], 32)
+        self.assertEqual(run.preprocessing.image_size, 32)
         self.assertEqual((step, run.config.model), (6, config.model))
         export_dir = os.path.join(model_dir, "export")
         _, version_dir, info = export.export_run(model_dir, export_dir)
@@ -378,13 +378,13 @@ class TrainResumeExportTest(absltest.TestCase):
 def _standardised(raw, preprocessing):
   """RAW 0-255 pixels [n, H, W, 3] as evaluation standardises them, in
   NumPy: per image, or with the dataset's mean and deviation."""
-  if preprocessing["standardize"] == "per_image":
+  if preprocessing.standardize == "per_image":
     mean = raw.mean(axis=(1, 2, 3), keepdims=True)
     std = np.maximum(raw.std(axis=(1, 2, 3), keepdims=True),
                      1 / math.sqrt(raw[0].size))
     return ((raw - mean) / std).astype(np.float32)
-  return ((raw - np.array(preprocessing["mean"]))
-          / np.array(preprocessing["std"])).astype(np.float32)
+  return ((raw - np.array(preprocessing.mean))
+          / np.array(preprocessing.std)).astype(np.float32)
 
 
 if __name__ == "__main__":

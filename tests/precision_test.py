@@ -259,7 +259,7 @@ class StepTest(absltest.TestCase):
     trainer = _trainer(config, self.create_tempdir().full_path, images,
                        labels)
     exact = model_lib.build_model(trainer.run.model_name, precision="float32",
-                                  **trainer.run.model_options)
+                                  **trainer.run.model_options.to_dict())
     exact.set_weights(trainer.model.get_weights())
     before = [v.numpy() for v in trainer.model.trainable_variables]
     self.weights = before

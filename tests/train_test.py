@@ -154,6 +154,21 @@ class PresetTest(absltest.TestCase):
                                                     "units": 1})
       self.assertNotEmpty(testing.normalization_layers(model))
 
+  def test_config_json_reads_back_as_the_run_that_wrote_it(self):
+    for preset, overrides in (("smoke", {}),
+                              ("cifar10_paper", {"model": "resnet_bn"}),
+                              ("fixup_cifar", {"width": 0.5, "units": (2,)}),
+                              ("imagenet_paper", {})):
+      config = configs.from_preset(preset, **overrides)
+      written = run_lib.prepare(config, tfds_data.dataset_info(
+          config.dataset), None)
+      model_dir = self.create_tempdir().full_path
+      config_file.write(model_dir, written.description())
+      read = run_lib.read(model_dir)
+      self.assertEqual((read.model_options, read.preprocessing),
+                       (written.model_options, written.preprocessing), preset)
+      self.assertEqual(read.description(), written.description(), preset)
+
   def test_dry_run_prints_the_resolved_configuration_with_overrides(self):
     model_dir = self.create_tempdir().full_path
     result = testing.run_binary(

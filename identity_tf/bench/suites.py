@@ -61,7 +61,7 @@ def _flops(run):
   """`tools.train_flops_per_image` of RUN's network."""
   from identity_tf.bench import tools  # pylint: disable=g-import-not-at-top
   return tools.train_flops_per_image(
-      tools.conv_shapes(run.model_name, **run.model_options))
+      tools.conv_shapes(run.model_name, **run.model_options.to_dict()))
 
 
 # ---------------------------------------------------------------------------

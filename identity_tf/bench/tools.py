@@ -112,7 +112,7 @@ def conv_shapes(name="cifar10", **options):
   """
   arch, opts = model_lib.complete_options(name, **options)
   scaled = model_lib._scaled  # pylint: disable=protected-access
-  size, channels, shapes = opts["image_size"], 3, []
+  size, channels, shapes = opts.image_size, 3, []
 
   def add(label, k, c_out, stride):
     nonlocal size, channels
@@ -123,10 +123,10 @@ def conv_shapes(name="cifar10", **options):
     size, channels = out, c_out
 
   for i, (k, c, stride) in enumerate(arch.stem):
-    add(f"stem{i + 1}", k, scaled(c, opts["width"]), stride)
+    add(f"stem{i + 1}", k, scaled(c, opts.width), stride)
   for stage, (width, units, stride) in enumerate(
-      zip(arch.widths, opts["units"], arch.strides)):
-    c = scaled(width, opts["width"])
+      zip(arch.widths, opts.units, arch.strides)):
+    c = scaled(width, opts.width)
     for unit in range(units):
       label = f"stage{stage + 1}_unit{unit + 1}"
       add(label + "/conv1", 3, c, stride if unit == 0 else 1)

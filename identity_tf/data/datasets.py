@@ -3,10 +3,11 @@
 `DatasetInfo` describes a dataset -- classes and their names, image shape,
 splits and their sizes -- as TFDS reports it (`tfds_data.dataset_info`) or,
 for the built-in `synthetic` set, as `synthetic_info` states it.
-`preprocessing_config` turns it into the JSON-serialisable preprocessing of
-a network of a given input size, which training stores in config.json and
-`preprocessing.preprocess_for_eval` applies inside exported models. Pure
-Python: flags and configurations are checked before TensorFlow loads.
+`preprocessing_config` turns it into the `Preprocessing` of a network of a
+given input size, which training stores in config.json (`to_dict`;
+`from_dict` reads it back) and `preprocessing.preprocess_for_eval` applies
+inside exported models. Pure Python: flags and configurations are checked
+before TensorFlow loads.
 
 The choice follows the images' size (Section 4 of Hardt & Ma, 2017, after
 the 2016 tensorflow/models resnet): fixed-size images no larger than the
@@ -88,16 +89,176 @@ def synthetic_info():
       num_eval_examples=2_000)
 
 
+_KINDS = ("cifar", "imagenet")
+_STANDARDIZE = ("per_image", "per_channel")
+# The fields that only one kind of preprocessing, or only per-channel
+# normalisation, has; None in any other.
+_KIND_FIELDS = {"cifar": ("input_size", "pad"),
+                "imagenet": ("resize", "crop_area_range",
+                             "crop_aspect_ratio_range")}
+_STATISTICS = ("mean", "std")
+_INTEGERS = ("image_size", "channels", "pad", "resize")
+_TUPLES = ("input_size", "crop_area_range", "crop_aspect_ratio_range",
+           "mean", "std")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+  """How a network's input images are preprocessed: `preprocessing_config`.
+
+  The module docstring says which images get which kind (Section 4 of Hardt
+  & Ma, 2017). Training stores `to_dict()` in config.json and an export in
+  model_info.json; `preprocessing.preprocess_for_eval` and the training
+  augmentation read everything they do from here.
+
+  Attributes:
+    kind: "cifar" (fixed-size images zero-padded to S x S; training
+      translates and flips them) or "imagenet" (training takes
+      random-resized crops and flips them; evaluation resizes and crops
+      the centre).
+    image_size: S, the height and width of the network's input.
+    channels: the raw images' channels: 1 (grayscale, replicated to RGB in
+      every use) or 3.
+    flip: training flips each image left-right with probability 1/2.
+    standardize: "per_image" (each image to zero mean and unit variance, as
+      the 2016 resnet's CIFAR input) or "per_channel" ((x - mean) / std).
+    input_size: "cifar": the raw images' (height, width), which are
+      zero-padded centrally to S x S.
+    pad: "cifar": training zero-pads PAD pixels a side and crops S x S at
+      random, a translation by up to PAD pixels.
+    resize: "imagenet": evaluation resizes the shorter side to RESIZE, then
+      crops the central S x S.
+    crop_area_range: "imagenet": training's crop covers this (low, high)
+      fraction of the image's area ...
+    crop_aspect_ratio_range: ... with its width over height in this range;
+      it is resized to S x S.
+    mean, std: "per_channel": the RGB channels' statistics, 0-255 scale.
+
+  A field that does not apply to the kind or standardisation is None. The
+  constructor raises DataError for values that make no preprocessing.
+  """
+  kind: str
+  image_size: int
+  channels: int
+  flip: bool
+  standardize: str
+  input_size: tuple = None
+  pad: int = None
+  resize: int = None
+  crop_area_range: tuple = None
+  crop_aspect_ratio_range: tuple = None
+  mean: tuple = None
+  std: tuple = None
+
+  def __post_init__(self):
+    _check_kind(self.kind)
+    if self.standardize not in _STANDARDIZE:
+      raise errors.DataError(
+          f"unknown standardize {self.standardize!r}; valid: "
+          f"{', '.join(_STANDARDIZE)}")
+    if self.channels not in (1, 3):
+      raise errors.DataError(f"channels must be 1 or 3, got "
+                             f"{self.channels!r}")
+    applies = self._fields_that_apply()
+    missing = [name for name in applies if getattr(self, name) is None]
+    extra = [f.name for f in dataclasses.fields(self)
+             if f.name not in applies and getattr(self, f.name) is not None]
+    if missing or extra:
+      raise errors.DataError(
+          f"{self.kind} preprocessing with {self.standardize} "
+          "standardisation "
+          + " and ".join((["needs " + ", ".join(missing)] if missing else [])
+                         + (["has no " + ", ".join(extra)] if extra else []))
+          + " (use preprocessing_config(dataset))")
+
+  def _fields_that_apply(self):
+    """The names of the fields this kind and standardisation have."""
+    return (("kind", "image_size", "channels", "flip", "standardize")
+            + _KIND_FIELDS[self.kind]
+            + (_STATISTICS if self.standardize == "per_channel" else ()))
+
+  @property
+  def input_shape(self):
+    """[height, width, channels] of the raw images this takes.
+
+    None for the height and width of "imagenet" preprocessing, which takes
+    any size. This is the shape an exported model's pixel signature accepts.
+    """
+    if self.kind == "imagenet":
+      return [None, None, self.channels]
+    return [*self.input_size, self.channels]
+
+  def to_dict(self):
+    """The JSON dict of config.json and model_info.json: the fields that
+    apply, tuples as lists. Sorted by key as config.json stores it, so that
+    model_info.json, which an export writes from config.json, lists them as
+    exports always have."""
+    values = {name: getattr(self, name)
+              for name in sorted(self._fields_that_apply())}
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in values.items()}
+
+  @classmethod
+  def from_dict(cls, values):
+    """The `Preprocessing` of a dict `to_dict` wrote, or an older version:
+    config.json of a run from before grayscale datasets has no "channels"
+    (its images were RGB) and no "input_size" (they were S x S), and a
+    missing "flip" means on, as the readers of these dicts always took it.
+    DataError (one line) for a dict that makes no preprocessing."""
+    if not isinstance(values, dict):
+      raise errors.DataError(
+          f"preprocessing must be a dict (config.json's), got "
+          f"{type(values).__name__}")
+    _check_kind(values.get("kind"))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    missing = [name for name in ("image_size", "standardize")
+               if name not in values]
+    if unknown or missing:
+      raise errors.DataError(
+          "preprocessing " + "; ".join(
+              ([f"without {', '.join(missing)}"] if missing else []) +
+              ([f"with unknown {', '.join(unknown)}"] if unknown else [])))
+    values = {name: _typed(name, value) for name, value in values.items()}
+    size = values["image_size"]
+    defaults = {"channels": 3, "flip": True,
+                "input_size": (size, size) if values["kind"] == "cifar"
+                              else None}
+    return cls(**{**defaults, **values})
+
+
+def _check_kind(kind):
+  if kind not in _KINDS:
+    raise errors.DataError(
+        f"unknown preprocessing kind {kind!r}; valid: {', '.join(_KINDS)} "
+        "(use preprocessing_config(dataset))")
+
+
+def _typed(name, value):
+  """A JSON VALUE of field NAME as the field holds it: integers, tuples."""
+  try:
+    if name in _INTEGERS:
+      return int(value)
+    if name == "input_size":
+      return tuple(int(n) for n in value)
+    if name in _TUPLES:
+      return tuple(value)
+  except (TypeError, ValueError):
+    raise errors.DataError(
+        f"preprocessing's {name} is {value!r}, not "
+        f"{'an integer' if name in _INTEGERS else 'a list of numbers'}"
+    ) from None
+  return bool(value) if name == "flip" else value
+
+
 def preprocessing_config(info, image_size=None, flip=None):
-  """The preprocessing of dataset INFO for a network of input IMAGE_SIZE.
+  """The `Preprocessing` of dataset INFO for a network of input IMAGE_SIZE.
 
-  A JSON-serialisable dict; training stores it with the model, and
-  `preprocess_for_eval` and the training augmentation read everything they
-  do from it. IMAGE_SIZE None means the images' own size for fixed-size
-  datasets and 224 for variable-size ones. FLIP None means on, except for
-  the digit and character datasets of `NO_FLIP`.
+  IMAGE_SIZE None means the images' own size for fixed-size datasets and
+  224 for variable-size ones. FLIP None means on, except for the digit and
+  character datasets of `NO_FLIP`.
 
-  Raises ValueError if the images are less than half the input size (a
+  Raises DataError if the images are less than half the input size (a
   frame of zeros around a small image; use a network with a smaller input).
   """
   height, width, depth = info.image_shape
@@ -112,44 +273,32 @@ def preprocessing_config(info, image_size=None, flip=None):
           f"{info.name}'s {height}x{width} images are less than half the "
           f"network's {image_size}x{image_size} input; use a network of the "
           "CIFAR family (32x32 input)")
-    return {
-        "kind": "cifar",
-        "image_size": image_size,
-        "input_size": [height, width],        # Zero-padded to image_size.
-        "channels": depth,                 # 1: replicated to 3.
-        "pad": max(1, image_size // 8),       # Training: random translation.
-        "flip": flip,
-        "standardize": "per_image",
-    }
-  return {
-      "kind": "imagenet",
-      "image_size": image_size,
-      "channels": depth,
-      "resize": round(image_size * 8 / 7),    # Evaluation: shorter side.
-      "crop_area_range": [0.08, 1.0],         # Training: random-resized crop.
-      "crop_aspect_ratio_range": [3 / 4, 4 / 3],
-      "flip": flip,
-      "standardize": "per_channel",
-      "mean": list(IMAGENET_MEAN),
-      "std": list(IMAGENET_STD),
-  }
+    return Preprocessing(
+        "cifar", image_size, channels=depth, flip=flip,
+        standardize="per_image", input_size=(height, width),
+        pad=max(1, image_size // 8))
+  return Preprocessing(
+      "imagenet", image_size, channels=depth, flip=flip,
+      standardize="per_channel", resize=round(image_size * 8 / 7),
+      crop_area_range=(0.08, 1.0), crop_aspect_ratio_range=(3 / 4, 4 / 3),
+      mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def check_fits(preprocessing, info):
-  """ValueError unless PREPROCESSING takes the images of dataset INFO.
+  """DataError unless PREPROCESSING takes the images of dataset INFO.
 
   PREPROCESSING (e.g. read back from a model's config.json) must be what
   `preprocessing_config` gives for INFO at its image_size: the same kind,
   and for "cifar" the same image size and channels.
   """
   check_preprocessing(preprocessing)
-  expected = preprocessing_config(info, preprocessing["image_size"])
-  if preprocessing["kind"] != expected["kind"] or (
-      preprocessing["kind"] == "cifar" and
-      input_shape(preprocessing) != input_shape(expected)):
+  expected = preprocessing_config(info, preprocessing.image_size)
+  if preprocessing.kind != expected.kind or (
+      preprocessing.kind == "cifar" and
+      preprocessing.input_shape != expected.input_shape):
     raise errors.DataError(
-        f"this preprocessing ({preprocessing['kind']}, for "
-        f"{shape_text(input_shape(preprocessing))} images) does not fit "
+        f"this preprocessing ({preprocessing.kind}, for "
+        f"{shape_text(preprocessing.input_shape)} images) does not fit "
         f"{info.name}'s {shape_text(info.image_shape)} images; use "
         f"preprocessing_config() of {info.name}")
 
@@ -159,48 +308,11 @@ def shape_text(shape):
   return "x".join("?" if n is None else str(n) for n in shape)
 
 
-_KINDS = ("cifar", "imagenet")
-_STANDARDIZE = ("per_image", "per_channel")
-
-
 def check_preprocessing(preprocessing):
-  """ValueError unless PREPROCESSING is a valid `preprocessing_config`."""
-  if not isinstance(preprocessing, dict):
+  """DataError unless PREPROCESSING is a `Preprocessing` (whose values its
+  constructor checked)."""
+  if not isinstance(preprocessing, Preprocessing):
     raise errors.DataError(
-        f"preprocessing must be a dict from preprocessing_config(), got "
-        f"{type(preprocessing).__name__}")
-  kind = preprocessing.get("kind")
-  if kind not in _KINDS:
-    raise errors.DataError(
-        f"unknown preprocessing kind {kind!r}; valid: {', '.join(_KINDS)} "
-        "(use preprocessing_config(dataset))")
-  standardize = preprocessing.get("standardize")
-  if standardize not in _STANDARDIZE:
-    raise errors.DataError(
-        f"unknown standardize {standardize!r}; valid: "
-        f"{', '.join(_STANDARDIZE)}")
-  if channels(preprocessing) not in (1, 3):
-    raise errors.DataError(f"channels must be 1 or 3, got "
-                           f"{preprocessing['channels']!r}")
-
-
-def channels(preprocessing):
-  """The channels of the raw images PREPROCESSING takes (1 or 3)."""
-  # Configs written before grayscale datasets were supported have no
-  # "channels": they were RGB.
-  return int(preprocessing.get("channels", 3))
-
-
-def input_shape(preprocessing):
-  """[height, width, channels] of the raw images PREPROCESSING takes.
-
-  None for the height and width of "imagenet" preprocessing, which takes any
-  size. This is the shape an exported model's pixel signature accepts.
-  """
-  if preprocessing["kind"] == "imagenet":
-    return [None, None, channels(preprocessing)]
-  size = int(preprocessing["image_size"])
-  height, width = preprocessing.get("input_size", [size, size])
-  return [int(height), int(width), channels(preprocessing)]
-
-
+        f"preprocessing must be a datasets.Preprocessing (from "
+        f"preprocessing_config(), or Preprocessing.from_dict() of a stored "
+        f"dict), got {type(preprocessing).__name__}")

@@ -202,7 +202,7 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
     input_context: a `tf.distribute.InputContext` (from
       `distribute_datasets_from_function`); the pipeline reads only its shard.
     num_examples: use only the first NUM_EXAMPLES examples of the split.
-    preprocessing: a `datasets.preprocessing_config` dict: a run's
+    preprocessing: a `datasets.Preprocessing`: a run's
       (`run.Run.preprocessing`, for the network's input size), which is
       what training, evaluation and the benchmark pass. None: the
       dataset's own at its native size.
@@ -228,7 +228,7 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
   # (as ParameterServerStrategy does with per-worker datasets).
   with tf.init_scope():
     source = _read_split(name, split, data_dir, num_examples, preprocessing)
-  if source.preprocessing["kind"] == "cifar":
+  if source.preprocessing.kind == "cifar":
     ds = _in_memory_dataset(source.images, source.labels, batch_size,
                             source.preprocessing, training=training,
                             seed=int(seed), input_context=input_context,
@@ -267,7 +267,7 @@ class _Split:
   """What a pipeline reads: the first STOP examples of a split, held in
   memory (IMAGES, LABELS) for "cifar" PREPROCESSING, else streamed from
   TFDS's BUILDER (JPEG: encoded JPEG files)."""
-  preprocessing: dict
+  preprocessing: datasets.Preprocessing
   stop: int
   builder: object = None
   jpeg: bool = False
@@ -290,10 +290,10 @@ def _read_split(name, split, data_dir, num_examples, preprocessing):
     builder = tfds_data.prepared_builder(name, data_dir, split)
     info = tfds_data.info_from_builder(builder)
     size = builder.info.splits[split].num_examples
-  preprocessing = dict(preprocessing or datasets.preprocessing_config(info))
+  preprocessing = preprocessing or datasets.preprocessing_config(info)
   datasets.check_fits(preprocessing, info)
   stop = size if num_examples is None else min(num_examples, size)
-  if preprocessing["kind"] != "cifar":
+  if preprocessing.kind != "cifar":
     return _Split(preprocessing, stop, builder, jpeg=info.jpeg)
   if builder is None:
     images, labels = (a[:stop] for a in synthetic.arrays(split))

@@ -1,8 +1,8 @@
 """Preprocessing and augmentation of images: TensorFlow ops.
 
-What to do is a dict from `datasets.preprocessing_config`; this module does
-it, the same way in the training pipeline (`pipeline`), in evaluation
-and inside exported SavedModels (`export`).
+What to do is a `datasets.Preprocessing` (`datasets.preprocessing_config`);
+this module does it, the same way in the training pipeline (`pipeline`), in
+evaluation and inside exported SavedModels (`export`).
 
 Every random choice is a stateless op seeded from (seed, example index,
 epoch) (`example_seeds`), never from a random state, so that augmentation
@@ -16,19 +16,19 @@ from identity_tf.data import datasets
 
 def _to_rgb(images, preprocessing):
   """Float32 [..., C] with the preprocessing's C -> [..., 3]: grey replicated."""
-  if datasets.channels(preprocessing) == 1:
+  if preprocessing.channels == 1:
     return tf.image.grayscale_to_rgb(images)
   return images
 
 
 def _standardize(images, preprocessing):
   """Float32 raw 0-255 images [..., H, W, 3] -> normalised float32."""
-  if preprocessing["standardize"] == "per_image":
+  if preprocessing.standardize == "per_image":
     # (x - mean) / max(std, 1/sqrt(#pixels)) over each image's H, W and
     # channels, as in the 2016 resnet's CIFAR input.
     return tf.image.per_image_standardization(images)
-  mean = tf.constant(preprocessing["mean"], tf.float32)
-  std = tf.constant(preprocessing["std"], tf.float32)
+  mean = tf.constant(preprocessing.mean, tf.float32)
+  std = tf.constant(preprocessing.std, tf.float32)
   return (images - mean) / std
 
 
@@ -56,7 +56,7 @@ def preprocess_for_eval(images, preprocessing):
       "cifar" preprocessing H, W = `input_size` (centrally zero-padded, or
       cropped, to image_size); for "imagenet" any H, W (resized so the
       shorter side is `resize`, then centre-cropped).
-    preprocessing: a dict from `preprocessing_config`.
+    preprocessing: a `datasets.Preprocessing`.
 
   Returns:
     float32 [batch, image_size, image_size, 3], normalised. Pure TF ops, so it
@@ -64,10 +64,10 @@ def preprocess_for_eval(images, preprocessing):
   """
   datasets.check_preprocessing(preprocessing)
   images = _to_rgb(tf.cast(images, tf.float32), preprocessing)
-  size = int(preprocessing["image_size"])
-  if preprocessing["kind"] == "imagenet":
+  size = preprocessing.image_size
+  if preprocessing.kind == "imagenet":
     images = _resize_shorter_side_and_center_crop(
-        images, float(preprocessing["resize"]), size)
+        images, float(preprocessing.resize), size)
   else:
     images = tf.image.resize_with_crop_or_pad(images, size, size)
   images = _standardize(images, preprocessing)
@@ -99,14 +99,13 @@ def random_pad_crop_flip(image, preprocessing, seeds):
   int32: one stateless seed for the crop, one for the flip. Returns float32
   [S, S, 3] with the input's values.
   """
-  size = int(preprocessing["image_size"])
-  pad = int(preprocessing["pad"])
+  size, pad = preprocessing.image_size, preprocessing.pad
   image = _to_rgb(tf.cast(image, tf.float32), preprocessing)
   image = tf.image.resize_with_crop_or_pad(image, size, size)
   if pad:
     image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
     image = tf.image.stateless_random_crop(image, [size, size, 3], seeds[0])
-  if preprocessing.get("flip", True):
+  if preprocessing.flip:
     image = tf.image.stateless_random_flip_left_right(image, seeds[1])
   return image
 
@@ -131,8 +130,8 @@ def random_resized_crop_window(shape, preprocessing, seed):
   whole_image = tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4])
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
       shape, whole_image, seed=seed, min_object_covered=0.0,
-      aspect_ratio_range=preprocessing["crop_aspect_ratio_range"],
-      area_range=preprocessing["crop_area_range"], max_attempts=10,
+      aspect_ratio_range=preprocessing.crop_aspect_ratio_range,
+      area_range=preprocessing.crop_area_range, max_attempts=10,
       use_image_if_no_bounding_boxes=True)
   return begin, size
 
@@ -145,7 +144,7 @@ def augment_imagenet(image, preprocessing, seeds):
   image_size x image_size; random left-right flip; normalisation. For JPEG
   bytes only the window is decoded. SEEDS is [2, 2] int32.
   """
-  size = int(preprocessing["image_size"])
+  size = preprocessing.image_size
   encoded = image.dtype == tf.string
   shape = (tf.image.extract_jpeg_shape(image) if encoded
            else tf.shape(image))
@@ -162,7 +161,7 @@ def augment_imagenet(image, preprocessing, seeds):
                     preprocessing)
   image = tf.image.resize(tf.cast(image, tf.float32), [size, size],
                           method="bilinear")
-  if preprocessing.get("flip", True):
+  if preprocessing.flip:
     image = tf.image.stateless_random_flip_left_right(image, seeds[1])
   return tf.ensure_shape(_standardize(image, preprocessing), [size, size, 3])
 
@@ -170,7 +169,7 @@ def augment_imagenet(image, preprocessing, seeds):
 def eval_one(image, preprocessing):
   """`preprocess_for_eval` of one image of any size (streaming pipelines)."""
   if image.dtype == tf.string:
-    image = tf.io.decode_image(image, channels=datasets.channels(preprocessing),
+    image = tf.io.decode_image(image, channels=preprocessing.channels,
                                expand_animations=False)
   return preprocess_for_eval(image[tf.newaxis], preprocessing)[0]
 

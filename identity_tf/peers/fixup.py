@@ -104,13 +104,13 @@ class FixupUnit(layers.StridedUnit):
 def build(arch, opts, inputs, head):
   """Fixup's network on INPUTS: features before the classifier, built by
   HEAD(features) (`model.build_model`'s final layer)."""
-  seed = opts["seed"] * 1000
+  seed = opts.seed * 1000
   x = inputs
   for i, (kernel, channels, stride) in enumerate(arch.stem):
     # PyTorch's default, which the authors' code keeps for the stem:
     # U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
     x = keras.layers.Conv2D(
-        architectures.scaled_channels(channels, opts["width"]), kernel,
+        architectures.scaled_channels(channels, opts.width), kernel,
         strides=stride, padding="same", use_bias=False, name=f"stem{i + 1}",
         kernel_initializer=keras.initializers.VarianceScaling(
             1 / 3, mode="fan_in", distribution="uniform", seed=seed + i))(x)

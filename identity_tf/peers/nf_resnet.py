@@ -154,11 +154,11 @@ def expected_stds(plan, alpha=ALPHA):
 
 def build(arch, opts, inputs, head):
   """The NF-ResNet on INPUTS, finished by HEAD (`model.build_model`)."""
-  seed = opts["seed"] * 1000
+  seed = opts.seed * 1000
   x = inputs
   for i, (kernel, channels, stride) in enumerate(arch.stem):
     x = ScaledWSConv2D(
-        architectures.scaled_channels(channels, opts["width"]), kernel,
+        architectures.scaled_channels(channels, opts.width), kernel,
         strides=stride, padding="same", use_bias=False, name=f"stem{i + 1}",
         kernel_initializer=keras.initializers.VarianceScaling(
             1.0, mode="fan_in", distribution="truncated_normal",

@@ -155,14 +155,15 @@ class ServingModule:
   """MODEL plus its preprocessing as the two serving functions."""
 
   def __init__(self, model, preprocessing):
+    datasets.check_preprocessing(preprocessing)
     self.model = model
-    self._preprocessing = dict(preprocessing)
-    self._size = int(preprocessing["image_size"])
+    self._preprocessing = preprocessing
+    self._size = preprocessing.image_size
     # The raw images the model was trained on: [H, W, C] for CIFAR-style
     # models (zero-padded in the graph), [None, None, C] for ImageNet-style
     # ones (resized and cropped in the graph).
-    self._input_shape = datasets.input_shape(self._preprocessing)
-    self._fixed_size = preprocessing["kind"] == "cifar"
+    self._input_shape = preprocessing.input_shape
+    self._fixed_size = preprocessing.kind == "cifar"
 
   def input_signatures(self):
     """{signature name: (function, input signature)}."""
@@ -292,14 +293,15 @@ def model_info(run, step, *, version, checkpoint=None, num_classes=None):
     raise errors.ServingError(
         f"the model has {num_classes} classes but {dataset.name} has "
         f"{len(names)} label names; is config.json from this run?")
-  size = int(preprocessing["image_size"])
-  fixed = preprocessing["kind"] == "cifar"
-  height, width, channels = datasets.input_shape(preprocessing)
+  size = preprocessing.image_size
+  fixed = preprocessing.kind == "cifar"
+  height, width, channels = preprocessing.input_shape
   pixel_shape = [-1, height or -1, width or -1, channels]
   colour = "grayscale" if channels == 1 else "RGB"
   return {
       "version": version,
-      "model": {"name": run.model_name, "options": run.model_options},
+      "model": {"name": run.model_name,
+                "options": run.model_options.to_dict()},
       "preset": run.config.preset,
       # What the graph computes in: float32 in and out under every
       # precision, 16-bit convolutions under mixed_* (docs/serving.md).
@@ -315,10 +317,10 @@ def model_info(run, step, *, version, checkpoint=None, num_classes=None):
                          if (height, width) != (size, size) else "")
                       if fixed else
                       f"{colour} images of any size (resized so the shorter "
-                      f"side is {preprocessing.get('resize')}, centre-cropped "
+                      f"side is {preprocessing.resize}, centre-cropped "
                       f"to {size}x{size})"),
       },
-      "preprocessing": preprocessing,
+      "preprocessing": preprocessing.to_dict(),
       "signatures": {
           contract.DEFAULT_SIGNATURE: {
               "inputs": {contract.INPUT_KEY: {

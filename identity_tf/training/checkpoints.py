@@ -520,8 +520,8 @@ def _expected_variables(model):
 
 def _network_of(run):
   """A run's network in a few words: its model and options."""
-  options = ", ".join(f"{k}={v!r}" for k, v in sorted(
-      run.model_options.items()))
+  options = ", ".join(f"{k}={v!r}" for k, v in
+                      run.model_options.to_dict().items())
   return f"{run.model_name} ({options})"
 
 
@@ -561,10 +561,9 @@ def check_network(model, path, run):
     theirs = (f"{source} has no readable {config_file.CONFIG_FILE} to say "
               f"what it is; this run's network is {_network_of(run)}")
   else:
-    differ = sorted(key for key in set(run.model_options) |
-                    set(other.model_options)
-                    if run.model_options.get(key) !=
-                    other.model_options.get(key))
+    options = run.model_options.to_dict()
+    other_options = other.model_options.to_dict()
+    differ = [key for key in options if options[key] != other_options[key]]
     if other.model_name != run.model_name:
       differ = ["model"] + differ
     if differ:
@@ -583,4 +582,5 @@ def check_network(model, path, run):
 
 
 def _option(run, key):
-  return run.model_name if key == "model" else run.model_options.get(key)
+  return (run.model_name if key == "model" else
+          run.model_options.to_dict()[key])

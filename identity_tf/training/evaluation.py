@@ -123,13 +123,13 @@ def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
   if dataset != trained or info is None:  # None: config.json predates it.
     info = tfds_data.dataset_info(dataset, run.data_dir)
   if dataset != trained:
-    classes = run.model_options["classes"]
+    classes = run.model_options.classes
     if info.num_classes != classes:
       raise errors.DataError(
           f"--dataset={dataset} has {info.num_classes} classes; the model "
           f"was trained for the {classes} of {trained}")
     preprocessing = datasets.preprocessing_config(
-        info, preprocessing["image_size"])
+        info, preprocessing.image_size)
 
   def evaluate_checkpoint(path):
     model, _, step = checkpoints.restore_checkpoint(run.model_dir, path)

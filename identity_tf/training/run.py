@@ -58,9 +58,10 @@ class Run:
     model_dir: where config.json, checkpoints and summaries go.
     data_dir: the TFDS data directory (None: TFDS's default).
     model_options: the complete `model.build_model` options of
-      config.model for this dataset (every default named, so that
-      config.json rebuilds the same network if defaults change).
-    preprocessing: the input preprocessing (`datasets.preprocessing_config`).
+      config.model for this dataset (`architectures.ModelOptions`: every
+      default named, so that config.json rebuilds the same network if
+      defaults change).
+    preprocessing: the input preprocessing (`datasets.Preprocessing`).
     steps_per_epoch: steps per pass over the training examples; None if
       their count is not known.
     schedule: the learning rate (`Schedule`).
@@ -69,8 +70,8 @@ class Run:
   dataset: datasets.DatasetInfo
   model_dir: str
   data_dir: str
-  model_options: dict
-  preprocessing: dict
+  model_options: architectures.ModelOptions
+  preprocessing: datasets.Preprocessing
   steps_per_epoch: float
   schedule: Schedule
 
@@ -91,16 +92,18 @@ class Run:
     checkpoints restore into."""
     numerics = dict(self.numerics, **({"precision": precision} if precision
                                       else {}))
-    return {"name": self.model_name, **numerics, **self.model_options}
+    return {"name": self.model_name, **numerics,
+            **self.model_options.to_dict()}
 
   def description(self, **extra):
     """config.json's content: the configuration and what rebuilding the
     model and its input needs."""
     description = {
         "config": configs.to_dict(self.config),
-        "model": {"name": self.config.model, "options": self.model_options},
+        "model": {"name": self.config.model,
+                  "options": self.model_options.to_dict()},
         "dataset": self.dataset.to_dict() if self.dataset else None,
-        "preprocessing": self.preprocessing,
+        "preprocessing": self.preprocessing.to_dict(),
         "steps_per_epoch": self.steps_per_epoch,
         **extra,
     }
@@ -152,7 +155,10 @@ def from_description(description, model_dir, data_dir=None):
   """The `Run` that wrote DESCRIPTION (a config.json dict) into MODEL_DIR.
 
   The network's options and the preprocessing are taken as recorded, not
-  derived again: they are what the checkpoints were trained with.
+  derived again: they are what the checkpoints were trained with (an
+  option or a preprocessing field an older version did not record takes
+  the value that version used: `ModelOptions.from_dict`,
+  `Preprocessing.from_dict`).
   """
   config = configs.from_dict(description["config"])
   # Runs from before the dataset was recorded have none.
@@ -161,8 +167,10 @@ def from_description(description, model_dir, data_dir=None):
   steps_per_epoch = description.get("steps_per_epoch")
   return Run(config=config, dataset=info, model_dir=model_dir,
              data_dir=data_dir,
-             model_options=dict(description["model"]["options"]),
-             preprocessing=dict(description["preprocessing"]),
+             model_options=architectures.ModelOptions.from_dict(
+                 config.model, description["model"]["options"]),
+             preprocessing=datasets.Preprocessing.from_dict(
+                 description["preprocessing"]),
              steps_per_epoch=steps_per_epoch,
              schedule=make_schedule(config, steps_per_epoch))
 
@@ -181,6 +189,7 @@ def read(model_dir, data_dir=None):
 
 
 def _model_options(config, num_classes):
+  """The complete `architectures.ModelOptions` of CONFIG's network."""
   _, options = architectures.complete_options(
       config.model, classes=num_classes, width=config.width,
       units=config.units, norm=config.norm, head=config.head,
@@ -189,7 +198,7 @@ def _model_options(config, num_classes):
       use_bias=config.use_bias, residual=config.residual,
       projection_scale=config.projection_scale,
       logit_scale=config.logit_scale)
-  return {**options, "units": list(options["units"])}
+  return options
 
 
 def make_schedule(config, steps_per_epoch):
