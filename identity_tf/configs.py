@@ -529,6 +529,8 @@ STUDIES = {
                             "times 4"),
             Arm("lr_0.1", "cifar10_paper", (("learning_rate", 0.1),),
                 description="clipped, at twice the rate"),
+            Arm("lr_0.2", "cifar10_paper", (("learning_rate", 0.2),),
+                description="clipped, at four times the rate"),
             Arm("nesterov_cosine", "cifar10_paper", _COSINE,
                 description="clipped, Nesterov momentum, cosine decay"),
             Arm("resnet_bn_cosine", _LITERAL, (("model", "resnet_bn"),)
