@@ -521,6 +521,10 @@ STUDIES = {
                             "(Fixup's rule 2 on the paper's unit)"),
             Arm("fixup_init_unclipped", _LITERAL, (("init", "fixup"),),
                 description="the same without clipping"),
+            Arm("lr_0.1+fixup_init", "cifar10_paper",
+                (("learning_rate", 0.1), ("init", "fixup")),
+                description="clipped, rate 0.1, C2 = 0 and C1 He-normal x "
+                            "L^-1/2"),
             Arm("clip_first_epoch", _LITERAL, _CLIP + (
                 ("grad_clip_steps", 469),),
                 description="clipped during the first epoch only"),
