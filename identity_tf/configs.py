@@ -458,8 +458,8 @@ STUDIES = {
             Arm("paper", "cifar10_paper", seeds=(0, 1, 2),
                 description="the paper's network, clipped (cifar10_paper)"),
             # The `gap` study's best candidate (3-epoch screen, width 0.125,
-            # docs/results.md): the gradient norm stays above the clip's 1,
-            # so the rate is the length of every step, and it limits this
+            # docs/results.md): with gradient norms well above the clip's
+            # 1, the rate sets the length of the steps, and limits this
             # network.
             Arm("paper_best", "cifar10_paper", (("learning_rate", 0.1),),
                 seeds=(0, 1, 2),
