@@ -185,20 +185,38 @@ class HelpTest(absltest.TestCase):
                          _helpfull_flags(binary))
 
 
+def _wait_for_handler(pid, signum, timeout=120):
+  """Returns once process PID catches SIGNUM (the SigCgt mask of
+  /proc/PID/status): the binary's main() has begun (`cli.begin`)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    with open(f"/proc/{pid}/status") as f:
+      caught = [int(line.split()[1], 16) for line in f
+                if line.startswith("SigCgt:")]
+    if caught and caught[0] >> (signum - 1) & 1:
+      return
+    time.sleep(0.01)
+  raise AssertionError(f"process {pid} never caught signal {signum}")
+
+
 class EarlySignalTest(testing.SharedRootTestCase):
 
   def test_a_signal_in_the_first_seconds_is_one_line(self):
     # From the moment main() starts, through `import tensorflow`, to the
-    # loop (which then saves a checkpoint first: kill_loop_test).
+    # loop (which then saves a checkpoint first: kill_loop_test). The
+    # delays count from main()'s start (SIGTERM caught: Python itself
+    # catches SIGINT from its own start), so that a loaded machine's slower
+    # interpreter start-up does not send the signal before it.
     for number, (signum, code) in enumerate(
         [(signal.SIGINT, 130), (signal.SIGTERM, 143)] * 3):
-      delay = (0.6, 1.0, 2.0)[number // 2]
+      delay = (0.0, 0.4, 1.4)[number // 2]
       model_dir = os.path.join(self.root, f"early{number}")
       process = subprocess.Popen(
           testing.binary_command("train", f"--model_dir={model_dir}",
                                  *SMOKE),
           env=testing.binary_env(), stdout=subprocess.PIPE,
           stderr=subprocess.PIPE, text=True)
+      _wait_for_handler(process.pid, signal.SIGTERM)
       time.sleep(delay)
       process.send_signal(signum)
       _, stderr = process.communicate(timeout=120)

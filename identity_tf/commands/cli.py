@@ -106,7 +106,8 @@ def stop_on_signals():
              f"again\n".encode())
     os._exit(128 + signum)  # pylint: disable=protected-access
   try:
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    # SIGTERM last: once it is caught, both are (what a test waits for).
+    for signum in (signal.SIGINT, signal.SIGTERM):
       signal.signal(signum, stop)
   except ValueError:  # Not the main thread: the caller's handlers stay.
     pass
