@@ -528,6 +528,16 @@ STUDIES = {
                 (("learning_rate", 0.1), ("init", "fixup")),
                 description="clipped, rate 0.1, C2 = 0 and C1 He-normal x "
                             "L^-1/2"),
+            # The best initialisation with the schedules that led the
+            # 3-epoch screen: whether their early lead adds to it.
+            Arm("nesterov_cosine+fixup_init", "cifar10_paper",
+                _COSINE + (("init", "fixup"),),
+                description="clipped, Nesterov momentum, cosine decay, C2 = 0 "
+                            "and C1 He-normal x L^-1/2"),
+            Arm("warmup+fixup_init_unclipped", _LITERAL,
+                _WARMUP + (("init", "fixup"),),
+                description="unclipped, warmed up over 1000 steps, C2 = 0 "
+                            "and C1 He-normal x L^-1/2"),
             Arm("clip_first_epoch", _LITERAL, _CLIP + (
                 ("grad_clip_steps", 469),),
                 description="clipped during the first epoch only"),
