@@ -528,12 +528,16 @@ STUDIES = {
                 (("learning_rate", 0.1), ("init", "fixup")),
                 description="clipped, rate 0.1, C2 = 0 and C1 He-normal x "
                             "L^-1/2"),
-            # The best initialisation with the schedules that led the
-            # 3-epoch screen: whether their early lead adds to it.
+            # The best initialisation with what led the 3-epoch screen
+            # besides it: whether their early lead adds to it.
             Arm("nesterov_cosine+fixup_init", "cifar10_paper",
                 _COSINE + (("init", "fixup"),),
                 description="clipped, Nesterov momentum, cosine decay, C2 = 0 "
                             "and C1 He-normal x L^-1/2"),
+            Arm("logit_scale_4+fixup_init", "cifar10_paper",
+                (("logit_scale", 4.0), ("init", "fixup")),
+                description="clipped, the frozen projection's entries times "
+                            "4, C2 = 0 and C1 He-normal x L^-1/2"),
             Arm("warmup+fixup_init_unclipped", _LITERAL,
                 _WARMUP + (("init", "fixup"),),
                 description="unclipped, warmed up over 1000 steps, C2 = 0 "
