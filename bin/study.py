@@ -36,6 +36,9 @@ flags.DEFINE_float("epochs", 10.0, "Budget of every run, in epochs.",
                    lower_bound=1e-6)
 flags.DEFINE_float("width", None, f"Every run's: {cli.config_help('width')} "
                    "Default: each preset's.", lower_bound=1e-6)
+flags.DEFINE_enum("precision", None, configs.PRECISIONS, "Every run's: "
+                  f"{cli.config_help('precision')} Default: each preset's; "
+                  "an arm that sets its own keeps it.")
 flags.DEFINE_list("arms", None, "Only these arms of the study (default: "
                   "all).")
 flags.DEFINE_multi_integer("seeds", None, "These seeds for every arm "
@@ -59,6 +62,7 @@ def main(argv):
             FLAGS.output_dir or f"runs/study_{FLAGS.study}_{FLAGS.dataset}"),
         dataset=FLAGS.dataset, epochs=FLAGS.epochs,
         data_dir=cli.path(FLAGS.data_dir), width=FLAGS.width,
+        precision=FLAGS.precision,
         arms=FLAGS.arms, seeds=FLAGS.seeds or None,
         report_only=FLAGS.report_only)
 

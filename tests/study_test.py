@@ -284,11 +284,15 @@ class SettingsTest(absltest.TestCase):
     def arm(*settings):
       return {"runs": [{"settings": x} for x in settings]}
     self.assertIsNone(study._settings({"arms": [arm(None, None)]}))
-    a = {"dataset": "fashion_mnist", "epochs": 10.0, "width": 0.25}
+    a = {"dataset": "fashion_mnist", "epochs": 10.0, "width": 0.25,
+         "precision": "float32"}
     b = dict(a, width=0.125)
+    c = dict(a, precision="mixed_bfloat16")
     self.assertEqual(study._settings({"arms": [arm(None, a), arm(a)]}), a)
     self.assertEqual(study._settings({"arms": [arm(a), arm(b, a)]}),
                      dict(a, width="0.25, 0.125"))
+    self.assertEqual(study._settings({"arms": [arm(a), arm(c)]}),
+                     dict(a, precision="float32, mixed_bfloat16"))
 
 
 class RunConfigTest(absltest.TestCase):
@@ -325,6 +329,19 @@ class RunConfigTest(absltest.TestCase):
                       config.grad_clip_norm), (2, 0.25, "fashion_mnist", 1.0))
     self.assertEqual(config.learning_rate, 0.05)  # The preset's own.
 
+  def test_precision_applies_to_every_arm_that_does_not_set_its_own(self):
+    keeps = configs.Arm("clip", "cifar10_paper", ())
+    own = configs.Arm("clip_bf16", "cifar10_paper",
+                      (("precision", "mixed_float16"),))
+    def precision(arm, value):
+      return study.run_config(arm, 0, dataset="fashion_mnist", epochs=1,
+                              num_train_examples=60_000,
+                              precision=value).precision
+    self.assertEqual(precision(keeps, None),
+                     configs.PRESETS["cifar10_paper"].precision)
+    self.assertEqual(precision(keeps, "mixed_bfloat16"), "mixed_bfloat16")
+    self.assertEqual(precision(own, "mixed_bfloat16"), "mixed_float16")
+
   def test_unknown_arms_are_named(self):
     with self.assertRaisesRegex(ValueError, "no arm nope; its arms: smoke"):
       study.runs_of(TINY_STUDY, arms=["nope"])
@@ -358,7 +375,7 @@ class RunStudyTest(absltest.TestCase):
     # The report's header describes the runs: 63 steps of 10,000 / 32.
     self.assertEqual(study._settings(results),
                      {"dataset": "synthetic", "epochs": round(63 / 312.5, 2),
-                      "width": 0.0625})
+                      "width": 0.0625, "precision": "float32"})
     diverged = huge["runs"][0]
     self.assertEqual(diverged["status"], "diverged")
     self.assertBetween(diverged["nan_step"], 1, 63)

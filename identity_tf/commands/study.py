@@ -14,7 +14,8 @@ from identity_tf.training import study as study_lib
 
 
 def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
-                  width=None, arms=None, seeds=None, report_only=False,
+                  width=None, precision=None, arms=None, seeds=None,
+                  report_only=False,
                   echo=cli.print_stderr, result=print):
   """Trains the runs of study NAME (`configs.STUDIES`) that have not
   finished -- none with REPORT_ONLY -- and writes the report into
@@ -32,9 +33,11 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
     else:
       results = study_lib.run_study(
           study, output_dir, dataset=dataset, epochs=epochs,
-          data_dir=data_dir, width=width, arms=arms, seeds=seeds, echo=echo)
+          data_dir=data_dir, width=width, precision=precision, arms=arms,
+          seeds=seeds, echo=echo)
   except preemption.PreemptedError as e:
     cli.exit_with(f"study stopped: {e}", e.exit_code)
   for path in study_lib.report(results, output_dir, dataset=dataset,
-                               epochs=epochs, width=width).values():
+                               epochs=epochs, width=width,
+                               precision=precision).values():
     result(path)

@@ -38,6 +38,8 @@ RESULTS_MARKDOWN = "results.md"
 CURVES_PNG = "curves.png"
 # Test top-1 levels whose time to reach every run reports (time-to-accuracy).
 TOP1_LEVELS = (0.85, 0.90, 0.92)
+# What a report's header says every run trained with.
+SETTINGS = ("dataset", "epochs", "width", "precision")
 
 
 def model_dir_of(output_dir, arm, seed):
@@ -46,19 +48,21 @@ def model_dir_of(output_dir, arm, seed):
 
 
 def run_config(arm, seed, *, dataset, epochs, num_train_examples,
-               width=None):
+               width=None, precision=None):
   """The `configs.Config` of ARM's run with SEED on DATASET for EPOCHS.
 
   The preset's learning-rate boundaries and warm-up are scaled to the
   budget; the run evaluates and checkpoints once per epoch, and on the
   whole training split at the end (of NUM_TRAIN_EXAMPLES, the
-  dataset's, as `run.steps_per_epoch` counts it for the run). WIDTH None
-  keeps the preset's. The arm's own overrides come last: they win.
+  dataset's, as `run.steps_per_epoch` counts it for the run). WIDTH and
+  PRECISION None keep the preset's. The arm's own overrides come last:
+  they win (the `precision` study's arms keep their precisions).
   """
   base = configs.PRESETS[arm.preset]
   arm_overrides = dict(arm.overrides)
   config = configs.override(base, **{"dataset": dataset, "seed": seed,
-                                     "width": width, **arm_overrides})
+                                     "width": width, "precision": precision,
+                                     **arm_overrides})
   steps_per_epoch = run_lib.steps_per_epoch(config, num_train_examples)
   steps = max(1, math.ceil(epochs * steps_per_epoch))
   boundaries = _scaled_boundaries(base, steps)
@@ -130,7 +134,8 @@ def runs_of(study, arms=None, seeds=None):
 
 
 def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
-              width=None, arms=None, seeds=None, echo=lambda line: None):
+              width=None, precision=None, arms=None, seeds=None,
+              echo=lambda line: None):
   """Trains every run of STUDY that has not finished; returns `collect`'s.
 
   ARMS (names) and SEEDS restrict the grid. ECHO receives one progress line
@@ -147,7 +152,7 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
   grid = runs_of(study, arms, seeds)
   for number, (arm, seed) in enumerate(grid, 1):
     config = run_config(arm, seed, dataset=dataset, epochs=epochs,
-                        width=width,
+                        width=width, precision=precision,
                         num_train_examples=info.num_train_examples)
     _train_run(config, model_dir_of(output_dir, arm, seed),
                f"[{number}/{len(grid)}] {arm.name} seed {seed}", data_dir,
@@ -205,6 +210,7 @@ def _run_results(model_dir, seed):
       "seed": seed, "model_dir": model_dir, **state,
       # What the run trains with, for the report's header.
       "settings": {"dataset": config["dataset"], "width": config["width"],
+                   "precision": config.get("precision", "float32"),
                    "epochs": round(config["train_steps"]
                                    / description["steps_per_epoch"], 2)}
                   if description else None,
@@ -427,7 +433,7 @@ def write_report(results, output_dir):
   files.write_text_atomically(
       paths[RESULTS_JSON], json.dumps(results, indent=2, sort_keys=True))
   text = f"# Study {results['study']}\n\n{results['description']}\n\n"
-  for key in ("dataset", "epochs", "width"):
+  for key in SETTINGS:
     if key in results:
       text += f"- {key}: {results[key]}\n"
   text += "\n" + markdown_table(results)
@@ -442,7 +448,8 @@ def write_report(results, output_dir):
 
 
 def _settings(results):
-  """{"dataset", "epochs", "width"} the runs in RESULTS trained with (each
+  """{"dataset", "epochs", "width", "precision"} the runs in RESULTS
+  trained with (each
   value, or the values found joined by ", "), None if no run has started:
   the report describes the runs, whatever flags a --report_only command
   was given."""
@@ -451,18 +458,20 @@ def _settings(results):
   if not found:
     return None
   settings = {}
-  for key in ("dataset", "epochs", "width"):
-    values = list(dict.fromkeys(f[key] for f in found))
+  for key in SETTINGS:
+    values = list(dict.fromkeys(f.get(key) for f in found))
     settings[key] = (values[0] if len(values) == 1
                      else ", ".join(str(v) for v in values))
   return settings
 
 
-def report(results, output_dir, *, dataset, epochs, width):
+def report(results, output_dir, *, dataset, epochs, width, precision=None):
   """Writes RESULTS (`collect`'s) as the report of OUTPUT_DIR
   (`write_report`), described by the runs' own settings where any run has
-  started, else by DATASET, EPOCHS and WIDTH (what the command asked for);
+  started, else by DATASET, EPOCHS, WIDTH and PRECISION (what the command
+  asked for);
   returns {kind: path}."""
   results.update(_settings(results) or
-                 {"dataset": dataset, "epochs": epochs, "width": width})
+                 {"dataset": dataset, "epochs": epochs, "width": width,
+                  "precision": precision})
   return write_report(results, output_dir)
