@@ -143,6 +143,11 @@ class Config:
   label_smoothing: float = _field(
       0.0, "Label smoothing of the training loss (0: off); evaluations "
       "report the plain cross-entropy.")
+  ema_decay: float = _field(
+      0.0, "Evaluate and export an exponential moving average of the "
+      "trained weights, updated after every step with this decay (e.g. "
+      "0.999; 0: off); the progress lines' training loss and top-1 stay "
+      "the weights' own.")
   # Stabilisers, all off (0) in the paper's text: linear warm-up of the
   # learning rate over the first steps, clipping of the global gradient norm
   # (Pascanu et al., 2013), adaptive gradient clipping (Brock et al., 2021).
@@ -307,7 +312,7 @@ FLAG_GROUPS = (
                        "lr_schedule", "lr_boundaries", "lr_decay_factor",
                        "lr_decay_epochs", "momentum", "nesterov",
                        "weight_decay", "weight_decay_scope",
-                       "bias_lr_factor", "label_smoothing")),
+                       "bias_lr_factor", "label_smoothing", "ema_decay")),
     ("stabilisers", ("warmup_steps", "grad_clip_norm", "grad_clip_steps",
                      "agc_clip")),
     ("checkpoints, progress and evaluation", (
@@ -563,6 +568,17 @@ STUDIES = {
             Arm("resnet_bn_label_smoothing", _LITERAL,
                 (("model", "resnet_bn"), ("label_smoothing", 0.1)),
                 description="batch norm, labels smoothed by 0.1"),
+            # Weight averaging on both networks (a horizon of about two
+            # epochs: 1 / (1 - 0.999) steps).
+            Arm("ema+fixup_init", "cifar10_paper",
+                (("ema_decay", 0.999), ("init", "fixup")),
+                description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
+                            "the weights' moving average (decay 0.999) "
+                            "evaluated"),
+            Arm("resnet_bn_ema", _LITERAL,
+                (("model", "resnet_bn"), ("ema_decay", 0.999)),
+                description="batch norm, the weights' moving average "
+                            "(decay 0.999) evaluated"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 description="the batch-norm baseline, the paper's recipe"),
         )),
@@ -641,6 +657,9 @@ def validate(config):
   for name in ("warmup_steps", "grad_clip_norm", "grad_clip_steps",
                "agc_clip", "eval_steps"):
     _non_negative(config, name)
+  if not 0 <= config.ema_decay < 1:
+    raise errors.ConfigError(f"--ema_decay must be in [0, 1) (0: off), got "
+                             f"{config.ema_decay}")
   if not 0 <= config.label_smoothing < 1:
     raise errors.ConfigError(f"--label_smoothing must be in [0, 1), got "
                              f"{config.label_smoothing}")

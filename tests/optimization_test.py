@@ -1,4 +1,5 @@
-"""Tests of identity_tf/training/optimization.py: schedules, clipping, AGC, warm-up.
+"""Tests of identity_tf/training/optimization.py: schedules, clipping, AGC,
+warm-up, weight averaging.
 
 Every stabiliser is checked against the formula of its paper computed here
 in NumPy, and clipping under two replicas (two logical CPUs) against one.
@@ -15,9 +16,13 @@ import tensorflow as tf
 from identity_tf import configs
 from identity_tf import model as model_lib
 from identity_tf.data import tfds_data
+from identity_tf.training import checkpoints
+from identity_tf.training import evaluation
 from identity_tf.training import optimization
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
+from identity_tf.training import trainer
+import testing
 
 # Two logical CPUs for MirroredStrategy, set before TensorFlow starts.
 _CPU = tf.config.list_physical_devices("CPU")[0]
@@ -173,7 +178,7 @@ class ReplicasTest(absltest.TestCase):
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     out = step_lib.make_train_step(strategy, model, optimizer, config)(
         iterator, tf.constant(3))
-    return [w.numpy() for w in model.trainable_weights], out
+    return [v.numpy() for v in optimization.averaged_variables(model)], out
 
   def test_two_replicas_clip_like_one(self):
     two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -192,6 +197,97 @@ class ReplicasTest(absltest.TestCase):
       self.assertGreater(
           max(float(np.max(np.abs(a - b)))
               for a, b in zip(one_weights, unclipped)), 1e-4)
+
+
+class WeightAverageTest(absltest.TestCase):
+  """--ema_decay against its recursion written out: a_1 = w_1, then
+  a_t = d a_(t-1) + (1 - d) w_t over the weights w_t after each step."""
+
+  def test_the_average_follows_its_recursion(self):
+    variables = [tf.Variable(np.ones((2, 3), np.float32)), tf.Variable(2.0)]
+    average = optimization.WeightAverage(variables, 0.75)
+    with average.swapped_into(variables):  # No step averaged: their own.
+      np.testing.assert_array_equal(variables[0].numpy(), np.ones((2, 3)))
+    rng = np.random.default_rng(0)
+    expected = None
+    for _ in range(4):
+      values = [rng.standard_normal(v.shape).astype(np.float32)
+                for v in variables]
+      for variable, value in zip(variables, values):
+        variable.assign(value)
+      average.update(variables)
+      expected = values if expected is None else [
+          0.75 * e + 0.25 * x for e, x in zip(expected, values)]
+    with average.swapped_into(variables):
+      for variable, value in zip(variables, expected):
+        np.testing.assert_allclose(variable.numpy(), value, rtol=1e-6)
+    for variable, value in zip(variables, values):  # Their own again.
+      np.testing.assert_array_equal(variable.numpy(), value)
+    for decay in (0.0, 1.0):
+      with self.assertRaisesRegex(ValueError, "--ema_decay must be in"):
+        optimization.WeightAverage(variables, decay)
+
+  def _config(self, **overrides):
+    return configs.override(
+        configs.PRESETS["smoke"], width=0.0625, units=(1,), batch_size=8,
+        learning_rate=0.2, checkpoint_steps=1, keep_checkpoints=10,
+        log_steps=1, steps_per_loop=1, num_eval_examples=16,
+        eval_batch_size=8, **overrides)
+
+  def _weights(self, model_dir, step, averaged):
+    model, _, _ = checkpoints.restore_checkpoint(
+        model_dir, checkpoints.find_checkpoint(model_dir, step),
+        averaged=averaged)
+    return [v.numpy() for v in optimization.averaged_variables(model)]
+
+  def _assert_recursion(self, model_dir, first, last, decay):
+    """The averaged weights of checkpoints FIRST..LAST follow the
+    recursion from a_FIRST = w_FIRST over their raw weights."""
+    expected = self._weights(model_dir, first, averaged=False)
+    for step in range(first, last + 1):
+      raw = self._weights(model_dir, step, averaged=False)
+      if step > first:
+        expected = [decay * e + (1 - decay) * w
+                    for e, w in zip(expected, raw)]
+      for got, want in zip(self._weights(model_dir, step, averaged=True),
+                           expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    self.assertGreater(max(float(np.max(np.abs(a - b))) for a, b in
+                           zip(expected, raw)), 1e-4)  # It averages.
+
+  def test_two_replicas_average_evaluate_and_resume(self):
+    model_dir = self.create_tempdir().full_path
+    two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    # Batch norm's network: its moving statistics are averaged too.
+    config = self._config(model="resnet_bn", ema_decay=0.5)
+    trainer.train(configs.override(config, train_steps=3), model_dir,
+                  strategy=two)
+    result = trainer.train(configs.override(config, train_steps=5),
+                           model_dir, strategy=two)
+    model, _, _ = checkpoints.restore_model(model_dir)
+    norms = testing.normalization_layers(model)
+    self.assertNotEmpty(norms)
+    self.assertLen([v for v in optimization.averaged_variables(model)
+                    if "moving_" in v.path], 2 * len(norms))
+    # Steps 1-5, across the resume at step 3.
+    self._assert_recursion(model_dir, 1, 5, 0.5)
+    # The run's last evaluation is of the average, and the checkpoint
+    # after it holds the weights themselves (swapped back).
+    model, run, _ = checkpoints.restore_model(model_dir)
+    scores = evaluation.evaluate(model, "synthetic", run.dataset,
+                                 run.preprocessing, batch_size=8,
+                                 num_examples=16)
+    self.assertAlmostEqual(result["eval"]["loss"], scores["loss"], places=5)
+
+  def test_an_average_turned_on_when_resuming_starts_there(self):
+    model_dir = self.create_tempdir().full_path
+    trainer.train(self._config(train_steps=2), model_dir)
+    trainer.train(self._config(train_steps=4, ema_decay=0.5), model_dir)
+    # Step 2's checkpoint has no average: its weights are what is used.
+    for a, b in zip(self._weights(model_dir, 2, averaged=True),
+                    self._weights(model_dir, 2, averaged=False)):
+      np.testing.assert_array_equal(a, b)
+    self._assert_recursion(model_dir, 3, 4, 0.5)
 
 
 if __name__ == "__main__":

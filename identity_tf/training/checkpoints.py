@@ -27,6 +27,7 @@ from identity_tf import errors
 from identity_tf import files
 from identity_tf import model as model_lib
 from identity_tf.training import config_file
+from identity_tf.training import optimization
 from identity_tf.training import run as run_lib
 
 CHECKPOINT_PREFIX = "ckpt"
@@ -457,23 +458,35 @@ def restore_model(model_dir, checkpoint=None, echo=None, precision=None):
   CHECKPOINT: None (the newest intact one; ECHO hears of damaged newer
   ones), a step, `ckpt-<step>` or a path prefix. The model is rebuilt from
   config.json (`run.read`) in PRECISION (default: the run's); only its
-  weights are read (not the optimizer or the input position).
+  weights are read (not the optimizer or the input position): those the
+  run evaluates, their average if it trains with --ema_decay.
   """
   return restore_checkpoint(model_dir,
                             find_checkpoint(model_dir, checkpoint, echo),
                             precision)
 
 
-def restore_checkpoint(model_dir, path, precision=None):
+def restore_checkpoint(model_dir, path, precision=None, averaged=True):
   """`restore_model` of PATH, a prefix `find_checkpoint` has already found
   and verified (verifying reads every byte: not twice). ValueError (one
   line naming both networks) if PATH holds another network than MODEL_DIR's
-  config.json describes (`check_network`): nothing is restored partially."""
+  config.json describes (`check_network`): nothing is restored partially.
+  AVERAGED False: the trained weights themselves even with --ema_decay
+  (what the next step starts from)."""
   run = run_lib.read(model_dir)
   model = model_lib.build_model(**run.model_arguments(precision))
   check_network(model, path, run)
   tf.train.Checkpoint(model=model).read(path).expect_partial(
   ).assert_existing_objects_matched()
+  if averaged and run.config.ema_decay:
+    averaged_variables = optimization.averaged_variables(model)
+    average = optimization.WeightAverage(averaged_variables,
+                                         run.config.ema_decay)
+    # A checkpoint from before --ema_decay was set has no average: the
+    # weights themselves, as the run evaluated them then.
+    tf.train.Checkpoint(**{optimization.WEIGHT_AVERAGE: average}).read(
+        path).expect_partial()
+    average.copy_to(averaged_variables)
   return model, run, checkpoint_step(path)
 
 

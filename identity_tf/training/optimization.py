@@ -18,6 +18,9 @@ added, each off (0) unless a configuration asks for it:
 * `grad_clip_steps`: global-norm clipping for the first steps only (a
   warm-up of the optimisation), then none.
 
+`ema_decay` keeps an exponential moving average of the trained weights
+(`WeightAverage`), which evaluation and export use in their place.
+
 Two settings make the optimiser follow a normalisation-free method's own
 recipe: `bias_lr_factor` (Fixup trains its scalar biases and multipliers at
 1/10 of the rate) and `weight_decay_scope` (which weights are decayed).
@@ -26,6 +29,8 @@ The clipping factors are computed from the gradient of the global batch and
 applied to each replica's part of it, so that, summed over the replicas by
 the optimizer, the update is exactly the clipped global gradient.
 """
+
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -37,6 +42,8 @@ from identity_tf import errors
 AGC_EPSILON = 1e-3
 # The floor on a unit's gradient norm in AGC's division (as in NFNets).
 AGC_GRADIENT_FLOOR = 1e-6
+# The name under which a checkpoint holds the `WeightAverage`.
+WEIGHT_AVERAGE = "weight_average"
 # The name of every network's final layer (`model.build_model`): AGC leaves
 # it unclipped.
 CLASSIFIER = "projection"
@@ -233,3 +240,75 @@ def clip_factors(gradients, variables, grad_clip_norm=0.0, agc_clip=0.0,
     scale = tf.where(clip_now, scale, 1.0)
     factors = [scale if f is None else f * scale for f in factors]
   return factors, norm
+
+
+def averaged_variables(model):
+  """What `WeightAverage` averages of MODEL: its floating-point variables,
+  in order -- the trained weights and batch norm's moving statistics (which
+  must follow the averaged weights they normalise, as in the moving
+  averages of TensorFlow's reference EfficientNet); the frozen projection,
+  constant, averages to itself."""
+  return [v for v in model.variables if tf.as_dtype(v.dtype).is_floating]
+
+
+class WeightAverage(tf.Module):
+  """An exponential moving average of a network's variables (`ema_decay`).
+
+  After every step, a <- d a + (1 - d) w for each of `averaged_variables`, with
+  d = DECAY; the first step averaged sets a = w (the average of the steps
+  taken, none before them). This is Polyak averaging with exponential
+  forgetting (Polyak & Juditsky, 1992), the moving average of weights that
+  Szegedy et al. (2016, Inception-v3) evaluate. Training steps the weights
+  themselves; evaluation and export use the average (`swapped_into`,
+  `checkpoints.restore_checkpoint`). A run that turns it on when resuming
+  starts it at the resumed weights (`started` is then not in the
+  checkpoint).
+  """
+
+  def __init__(self, variables, decay):
+    super().__init__(name=WEIGHT_AVERAGE)
+    if not 0 < decay < 1:
+      raise errors.ConfigError(f"--ema_decay must be in (0, 1) to average, "
+                               f"got {decay}")
+    self.decay = float(decay)
+    # Every replica holds the same weights, hence the same average: each
+    # may update it in replica context, and the first replica's value is
+    # kept.
+    only_first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    self.averages = [
+        tf.Variable(tf.zeros(v.shape, tf.as_dtype(v.dtype)), trainable=False,
+                    aggregation=only_first, name=f"average_{i}")
+        for i, v in enumerate(variables)]
+    self.started = tf.Variable(False, trainable=False,
+                               aggregation=only_first, name="started")
+
+  def update(self, variables):
+    """One step of the average of VARIABLES (the weights it was built for,
+    in that order), after the optimizer's step."""
+    decay = tf.where(self.started, self.decay, 0.0)
+    for average, variable in zip(self.averages, variables):
+      average.assign(decay * average +
+                     (1.0 - decay) * tf.convert_to_tensor(variable))
+    self.started.assign(True)
+
+  @contextlib.contextmanager
+  def swapped_into(self, variables):
+    """VARIABLES hold the average inside the block and their own values
+    again after it (the average of no step yet: their own throughout)."""
+    if not bool(self.started.numpy()):
+      yield
+      return
+    own = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+    self.copy_to(variables)
+    try:
+      yield
+    finally:
+      for variable, value in zip(variables, own):
+        variable.assign(value)
+
+  def copy_to(self, variables):
+    """VARIABLES <- the average, for good (export, evaluation of a
+    checkpoint); nothing if no step was averaged."""
+    if bool(self.started.numpy()):
+      for variable, average in zip(variables, self.averages):
+        variable.assign(average)

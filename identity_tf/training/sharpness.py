@@ -100,7 +100,9 @@ def measure_run(model_dir, *, steps=None, data_dir=None, num_examples=512,
   for step in steps:
     path = checkpoints.find_checkpoint(model_dir, step)
     if model is None:
-      model, _, _ = checkpoints.restore_checkpoint(model_dir, path)
+      # The iterate SGD steps from, not its average (--ema_decay).
+      model, _, _ = checkpoints.restore_checkpoint(model_dir, path,
+                                                   averaged=False)
       loss = loss_function(model, images, labels, run.config.weight_decay,
                            run.config.weight_decay_scope)
     else:

@@ -161,11 +161,12 @@ def _forward_backward(model, probe, optimizer, config, loss_scaled):
   return forward_backward
 
 
-def _replica_step(model, probe, optimizer, config, replicas):
+def _replica_step(model, probe, optimizer, config, replicas, average):
   """One SGD step on one replica's part of the global batch: (images,
   labels) -> its `VALUES`, `_pack`ed."""
   names = list(probe.output.keys())
   variables = model.trainable_variables
+  averaged = optimization.averaged_variables(model)
   # mixed_float16: Keras's dynamic loss scaling. The loss is multiplied by
   # a power of two before the backward pass; the optimizer divides it out,
   # and skips the step (halving the scale) when a gradient overflowed.
@@ -209,6 +210,8 @@ def _replica_step(model, probe, optimizer, config, replicas):
     kernels = [v for v in variables if len(v.shape) >= 2]
     before = [tf.identity(v) for v in kernels]
     optimizer.apply_gradients(zip(gradients, variables))
+    if average is not None:
+      average.update(averaged)
     # Kernels only: the relative change of a scalar near zero (SkipInit's
     # gain, Fixup's biases) says nothing about stability. Kernels that are
     # exactly zero (Fixup's C2 at the start) have no ratio; they count as 0.
@@ -246,7 +249,7 @@ def _skip_together(gradients, whole_norm):
           for g in gradients]
 
 
-def make_train_step(strategy, model, optimizer, config):
+def make_train_step(strategy, model, optimizer, config, average=None):
   """The training step of `train`: a tf.function (iterator, num_steps) -> dict.
 
   Each of NUM_STEPS steps takes next(ITERATOR) (a distributed iterator of
@@ -256,7 +259,8 @@ def make_train_step(strategy, model, optimizer, config):
   `optimization.l2_penalty`, clipped as config.grad_clip_norm,
   grad_clip_steps and agc_clip say (`optimization.clip_factors`, computed
   from the global batch's gradient), the biases' and scalars' gradients
-  times config.bias_lr_factor.
+  times config.bias_lr_factor; then AVERAGE (an `optimization.WeightAverage`
+  of MODEL's `optimization.averaged_variables`, or None) takes its step.
 
   Returns the dict of tensors of `VALUES` over the NUM_STEPS steps (sums
   and peaks as `VALUES` says; `merge`), and FIRST_NONFINITE. `train` runs
@@ -266,7 +270,7 @@ def make_train_step(strategy, model, optimizer, config):
   probe = model_lib.activation_probe(model)
   watched = list(probe.output.keys())
   replica_step = _replica_step(model, probe, optimizer, config,
-                               strategy.num_replicas_in_sync)
+                               strategy.num_replicas_in_sync, average)
 
   @tf.function
   def train_steps(iterator, num_steps):

@@ -15,6 +15,7 @@ checkpoint and stop (`preemption`); a NaN stops the run naming where it
 began (`diagnostics`).
 """
 
+import contextlib
 import datetime
 import functools
 import json
@@ -67,9 +68,13 @@ class Trainer:
       self.model = model_lib.build_model(**run.model_arguments())
       self.optimizer = optimization.build_optimizer(run)
       self.optimizer.build(self.model.trainable_variables)
+      # What evaluations and exports use with --ema_decay (None: off).
+      self.average = (optimization.WeightAverage(
+          optimization.averaged_variables(self.model), run.config.ema_decay)
+                      if run.config.ema_decay else None)
     self.watched = diagnostics.watched_activations(self.model)
     self._train_steps = step_lib.make_train_step(
-        strategy, self.model, self.optimizer, run.config)
+        strategy, self.model, self.optimizer, run.config, self.average)
     # Every worker writes checkpoints (MultiWorkerMirroredStrategy wants all
     # of them to save), but only the chief's go to model_dir.
     task_type, task_id = distribute.cluster_task(run.config.strategy)
@@ -136,13 +141,22 @@ class Trainer:
       fn = self._input_fn(seed, start_step=skip_steps)
     return iter(strategy.distribute_datasets_from_function(fn))
 
-  def _checkpoint(self, evaluated=True):
-    """The run's checkpoint: model, optimizer, with EVALUATED the step of
-    the last evaluation and, where tf.data can save it (one replica per
+  def _optional_trackables(self):
+    """What a checkpoint may lack and a run then starts afresh: the step of
+    the last evaluation (-1), the weight average (from the resumed
+    weights)."""
+    trackables = {LAST_EVALUATED: self.last_evaluated_step}
+    if self.average is not None:
+      trackables[optimization.WEIGHT_AVERAGE] = self.average
+    return trackables
+
+  def _checkpoint(self, optional=True):
+    """The run's checkpoint: model, optimizer, with OPTIONAL
+    `_optional_trackables` and, where tf.data can save it (one replica per
     process), the input iterator."""
     trackables = dict(model=self.model, optimizer=self.optimizer)
-    if evaluated:
-      trackables[LAST_EVALUATED] = self.last_evaluated_step
+    if optional:
+      trackables.update(self._optional_trackables())
     if isinstance(self.iterator, tf.data.Iterator):
       trackables["iterator"] = self.iterator
     return tf.train.Checkpoint(**trackables)
@@ -166,8 +180,9 @@ class Trainer:
     if path is not None:
       # Apart, and without the assertion: a checkpoint written before the
       # step was saved has none, and the variable keeps -1 (`_loop` then
-      # evaluates the step if it is an evaluation step).
-      tf.train.Checkpoint(**{LAST_EVALUATED: self.last_evaluated_step}).read(
+      # evaluates the step if it is an evaluation step); one written
+      # without --ema_decay has no average, which then starts here.
+      tf.train.Checkpoint(**self._optional_trackables()).read(
           path).expect_partial()
     if path is not None and not isinstance(
         self.optimizer._learning_rate,  # pylint: disable=protected-access
@@ -191,7 +206,7 @@ class Trainer:
       # expect_partial: when the iterator does not fit, the values left
       # unrestored are not worth TensorFlow's warning -- the fallback below
       # restores model and optimizer again and says why.
-      self._checkpoint(evaluated=False).restore(path).expect_partial(
+      self._checkpoint(optional=False).restore(path).expect_partial(
       ).assert_existing_objects_matched()
       return True
     except tf.errors.DataLossError as e:
@@ -242,9 +257,18 @@ class Trainer:
     self._coordinator.join()
     return merge_outputs([r.fetch() for r in results])
 
+  def _evaluated_weights(self):
+    """A block in which the model holds what is evaluated and exported:
+    the weight average with --ema_decay, else the weights."""
+    if self.average is None:
+      return contextlib.nullcontext()
+    return self.average.swapped_into(
+        optimization.averaged_variables(self.model))
+
   def evaluate(self):
-    """Loss and top-1/top-5 of the current weights on the evaluation split
-    (`evaluation.make_evaluator`; its pipeline is built once)."""
+    """Loss and top-1/top-5 of the current weights (their average with
+    --ema_decay) on the evaluation split (`evaluation.make_evaluator`; its
+    pipeline is built once)."""
     if self._evaluator is None:
       config = self.config
       self._evaluator = evaluation.make_evaluator(
@@ -252,18 +276,22 @@ class Trainer:
           self.run.preprocessing, data_dir=self.run.data_dir,
           batch_size=config.eval_batch_size,
           num_examples=config.num_eval_examples)
-    return self._evaluator()
+    with self._evaluated_weights():
+      return self._evaluator()
 
   def evaluate_training_set(self):
-    """Loss and top-1/top-5 of the current weights on the whole training
-    split (the run's --num_train_examples of it), each image once, without
-    augmentation: what training has fitted, beside the held-out scores."""
+    """Loss and top-1/top-5 of the current weights (their average with
+    --ema_decay) on the whole training split (the run's
+    --num_train_examples of it), each image once, without augmentation:
+    what training has fitted, beside the held-out scores."""
     config = self.config
-    return evaluation.make_evaluator(
+    evaluate = evaluation.make_evaluator(
         self.model, config.dataset, self.run.dataset, self.run.preprocessing,
         data_dir=self.run.data_dir, batch_size=config.eval_batch_size,
         num_examples=config.num_train_examples,
-        split=self.run.dataset.train_split)()
+        split=self.run.dataset.train_split)
+    with self._evaluated_weights():
+      return evaluate()
 
   def scalars(self, record):
     """The TensorBoard scalars of progress record RECORD."""
