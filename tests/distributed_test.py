@@ -53,10 +53,13 @@ def _read(process):
 
 
 def _weights(model_dir):
+  """The latest checkpoint's weights and weight average (floats only)."""
   reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
   return {name: reader.get_tensor(name)
-          for name in reader.get_variable_to_shape_map()
-          if name.startswith(("optimizer/_trainable_variables/", "model/"))}
+          for name, dtype in reader.get_variable_to_dtype_map().items()
+          if dtype.is_floating and name.startswith(
+              ("optimizer/_trainable_variables/", "model/",
+               optimization.WEIGHT_AVERAGE + "/"))}
 
 
 class DistributedTest(testing.ProcessTestCase):
@@ -345,21 +348,23 @@ class DistributedTest(testing.ProcessTestCase):
   def test_parameter_server_with_one_worker_matches_one_process(self):
     # One worker runs the coordinator's closures in order, on the input
     # stream a one-process run reads: the same 20 steps, so the same
-    # weights and loss to float32 rounding, far from the initial weights.
+    # weights, weight average and loss to float32 rounding, far from the
+    # initial weights.
     root = self.create_tempdir().full_path
     ps_dir, single_dir = (os.path.join(root, name)
                           for name in ("parameter_server", "single"))
     chief, ps, worker = testing.free_ports(3)
     cluster = {"chief": [f"127.0.0.1:{chief}"], "ps": [f"127.0.0.1:{ps}"],
                "worker": [f"127.0.0.1:{worker}"]}
-    args = [*TINY[:-1], "--strategy=parameter_server",
+    args = [*TINY[:-1], "--ema_decay=0.5", "--strategy=parameter_server",
             f"--model_dir={ps_dir}"]
     servers = [self._start(args, {"cluster": cluster,
                                   "task": {"type": kind, "index": 0}})
                for kind in ("ps", "worker")]
     coordinator = self._start(args, {"cluster": cluster,
                                      "task": {"type": "chief", "index": 0}})
-    single = self._start([*TINY[:-1], f"--model_dir={single_dir}"])
+    single = self._start([*TINY[:-1], "--ema_decay=0.5",
+                          f"--model_dir={single_dir}"])
     output, single_output = self._wait(coordinator), self._wait(single)
     for server in servers:
       self.assertIsNone(server.poll())
@@ -367,6 +372,8 @@ class DistributedTest(testing.ProcessTestCase):
     distributed, one = _weights(ps_dir), _weights(single_dir)
     self.assertEqual(sorted(distributed), sorted(one))
     self.assertGreater(len(one), 5)
+    self.assertTrue(any(name.startswith(optimization.WEIGHT_AVERAGE)
+                        for name in one))
     largest = max(np.max(np.abs(distributed[name] - one[name]))
                   for name in one)
     print(f"largest weight difference, parameter server vs 1: {largest:.3g}")
