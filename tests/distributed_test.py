@@ -252,6 +252,23 @@ class DistributedTest(testing.ProcessTestCase):
     for name, value in uninterrupted.items():
       self.assertTrue(np.array_equal(resumed[name], value), name)
 
+  def test_runs_in_one_process_share_one_mirrored_strategy(self):
+    # Two MirroredStrategy objects over the same devices number their
+    # collectives alike: a second run of another network on a second one
+    # aborts ("Shape mismatch in the collective instance"), on one both
+    # train. create_strategy hands every run of a process the same one.
+    self.assertIs(distribute.create_strategy("mirrored"),
+                  distribute.create_strategy("mirrored"))
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    for model in ("cifar10", "resnet_bn"):
+      config = configs.from_preset(
+          "smoke", model=model, width=0.0625, units="1", batch_size=16,
+          train_steps=2, checkpoint_steps=2, log_steps=1, steps_per_loop=1,
+          eval_at_end=False, strategy="mirrored")
+      result = trainer.train(config, self.create_tempdir().full_path,
+                             strategy=strategy)
+      self.assertEqual(result["step"], 2)
+
   def test_mirrored_mixed_precision_matches_one_replica(self):
     # Two replicas share the global batch: the same steps as one replica,
     # to 16-bit round-off (the replicas' gradients are summed in another

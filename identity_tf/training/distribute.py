@@ -7,6 +7,7 @@ process writes the run directory, and `run_parameter_server_task` is what
 worker and parameter-server processes of a `parameter_server` cluster do.
 """
 
+import functools
 import json
 import os
 import re
@@ -221,6 +222,15 @@ def _multi_worker_mirrored(timeout, echo):
       signal.signal(signum, handler)
 
 
+@functools.cache
+def _mirrored():
+  """The process's one MirroredStrategy over its local devices. Two of them
+  number their collectives alike, so a second run in the same process (a
+  study's next arm, a notebook's next cell) on a second strategy aborts with
+  "Shape mismatch in the collective instance"; one reused trains both."""
+  return tf.distribute.MirroredStrategy()
+
+
 def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
   """The tf.distribute strategy NAME (see configs.STRATEGIES).
 
@@ -235,7 +245,7 @@ def create_strategy(name, tpu=None, timeout=600.0, echo=logging.info):
   if name == "default":
     return tf.distribute.get_strategy()
   if name == "mirrored":
-    return tf.distribute.MirroredStrategy()
+    return _mirrored()
   if name == "multi_worker_mirrored":
     return _multi_worker_mirrored(timeout, echo)
   if name == "tpu":
