@@ -234,7 +234,7 @@ class DistributedTest(testing.ProcessTestCase):
         "smoke", width=0.0625, units="1", batch_size=16, train_steps=20,
         checkpoint_steps=10, log_steps=10, steps_per_loop=5,
         eval_at_end=False, deterministic=True, strategy="mirrored")
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = testing.two_replicas()
     lines = []
     whole = self.create_tempdir().full_path
     trainer.train(config, whole, strategy=strategy, echo=lines.append)
@@ -256,10 +256,11 @@ class DistributedTest(testing.ProcessTestCase):
     # Two MirroredStrategy objects over the same devices number their
     # collectives alike: a second run of another network on a second one
     # aborts ("Shape mismatch in the collective instance"), on one both
-    # train. create_strategy hands every run of a process the same one.
+    # train (testing.two_replicas). create_strategy hands every run of a
+    # process the same one.
     self.assertIs(distribute.create_strategy("mirrored"),
                   distribute.create_strategy("mirrored"))
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = testing.two_replicas()
     for model in ("cifar10", "resnet_bn"):
       config = configs.from_preset(
           "smoke", model=model, width=0.0625, units="1", batch_size=16,
@@ -284,7 +285,7 @@ class DistributedTest(testing.ProcessTestCase):
           "smoke", width=0.0625, units="1", batch_size=16, train_steps=10,
           checkpoint_steps=10, log_steps=10, steps_per_loop=5,
           eval_at_end=False, deterministic=True, precision=precision)
-      mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+      mirrored = testing.two_replicas()
       two, one = (self.create_tempdir().full_path for _ in range(2))
       lines = []
       trainer.train(configs.override(config, strategy="mirrored"), two,
@@ -309,7 +310,7 @@ class DistributedTest(testing.ProcessTestCase):
         "smoke", width=0.0625, units="1", batch_size=16,
         precision="mixed_float16", grad_clip_norm=1.0,
         lr_schedule="constant"), strategy="mirrored")
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    mirrored = testing.two_replicas()
     run = run_lib.prepare(config, tfds_data.dataset_info(config.dataset),
                           self.create_tempdir().full_path, replicas=2)
     rng = np.random.default_rng(0)

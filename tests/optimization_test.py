@@ -6,7 +6,6 @@ in NumPy, and clipping under two replicas (two logical CPUs) against one.
 """
 
 import dataclasses
-import functools
 import math
 
 from absl.testing import absltest
@@ -29,14 +28,6 @@ import testing
 _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     _CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
-
-
-@functools.cache
-def _two_replicas():
-  """One MirroredStrategy over the two CPUs for every test: two in one
-  process number their collectives alike and abort each other's
-  ("Shape mismatch in the collective instance")."""
-  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def _numpy_unit_norms(array):
@@ -190,7 +181,7 @@ class ReplicasTest(absltest.TestCase):
     return [v.numpy() for v in optimization.averaged_variables(model)], out
 
   def test_two_replicas_clip_like_one(self):
-    two = _two_replicas()
+    two = testing.two_replicas()
     self.assertEqual(two.num_replicas_in_sync, 2)
     for clipping in ({"grad_clip_norm": 0.01}, {"agc_clip": 0.001}):
       one_weights, one = self._trained(tf.distribute.get_strategy(),
@@ -266,7 +257,7 @@ class WeightAverageTest(absltest.TestCase):
 
   def test_two_replicas_average_evaluate_and_resume(self):
     model_dir = self.create_tempdir().full_path
-    two = _two_replicas()
+    two = testing.two_replicas()
     # Batch norm's network: its moving statistics are averaged too.
     config = self._config(model="resnet_bn", ema_decay=0.5)
     trainer.train(configs.override(config, train_steps=3), model_dir,

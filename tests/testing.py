@@ -1,6 +1,7 @@
 """Shared test helpers: run a binary as a user would; small real datasets."""
 
 import concurrent.futures
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -207,6 +208,17 @@ def free_ports(count):
   for s in sockets:
     s.close()
   return ports
+
+
+@functools.cache
+def two_replicas():
+  """The one MirroredStrategy over the two logical CPUs a test module set up
+  (before TensorFlow started) that every in-process test shares: two such
+  strategies in one process number their collectives alike, and a second
+  one's run of another network aborts ("Shape mismatch in the collective
+  instance")."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def normalization_layers(model):
