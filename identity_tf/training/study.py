@@ -449,10 +449,9 @@ def write_report(results, output_dir):
 
 def _settings(results):
   """{"dataset", "epochs", "width", "precision"} the runs in RESULTS
-  trained with (each
-  value, or the values found joined by ", "), None if no run has started:
-  the report describes the runs, whatever flags a --report_only command
-  was given."""
+  trained with (each value, or the values found joined by ", "), None if
+  no run has started: the report describes the runs, whatever flags a
+  --report_only command was given."""
   found = [run["settings"] for arm in results["arms"] for run in arm["runs"]
            if run.get("settings")]
   if not found:
@@ -469,8 +468,7 @@ def report(results, output_dir, *, dataset, epochs, width, precision=None):
   """Writes RESULTS (`collect`'s) as the report of OUTPUT_DIR
   (`write_report`), described by the runs' own settings where any run has
   started, else by DATASET, EPOCHS, WIDTH and PRECISION (what the command
-  asked for);
-  returns {kind: path}."""
+  asked for); returns {kind: path}."""
   results.update(_settings(results) or
                  {"dataset": dataset, "epochs": epochs, "width": width,
                   "precision": precision})
