@@ -562,9 +562,10 @@ STUDIES = {
             Arm("resnet_bn_cosine", _LITERAL, (("model", "resnet_bn"),)
                 + _COSINE,
                 description="batch norm, Nesterov momentum, cosine decay"),
-            Arm("label_smoothing", "cifar10_paper",
-                (("label_smoothing", 0.1),),
-                description="clipped, labels smoothed by 0.1"),
+            Arm("label_smoothing+fixup_init", "cifar10_paper",
+                (("label_smoothing", 0.1), ("init", "fixup")),
+                description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
+                            "labels smoothed by 0.1"),
             Arm("resnet_bn_label_smoothing", _LITERAL,
                 (("model", "resnet_bn"), ("label_smoothing", 0.1)),
                 description="batch norm, labels smoothed by 0.1"),
