@@ -342,6 +342,18 @@ class RunConfigTest(absltest.TestCase):
     self.assertEqual(precision(keeps, "mixed_bfloat16"), "mixed_bfloat16")
     self.assertEqual(precision(own, "mixed_bfloat16"), "mixed_float16")
 
+  def test_every_arm_of_every_study_is_a_valid_run(self):
+    # An arm is only built when its study runs: a misspelt field or a bad
+    # value would otherwise surface hours into a queue of runs.
+    for name, each in configs.STUDIES.items():
+      names = [arm.name for arm in each.arms]
+      self.assertCountEqual(names, set(names), name)
+      for arm in each.arms:
+        with self.subTest(study=name, arm=arm.name):
+          configs.validate(study.run_config(
+              arm, 0, dataset="fashion_mnist", epochs=10,
+              num_train_examples=60_000))
+
   def test_unknown_arms_are_named(self):
     with self.assertRaisesRegex(ValueError, "no arm nope; its arms: smoke"):
       study.runs_of(TINY_STUDY, arms=["nope"])
