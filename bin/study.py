@@ -46,6 +46,11 @@ flags.DEFINE_multi_integer("seeds", None, "These seeds for every arm "
                            lower_bound=0)
 flags.DEFINE_string("output_dir", None, "Where the runs and the report go "
                     "(default: runs/study_<study>_<dataset>).")
+flags.DEFINE_multi_float("top1_levels", None, "Test top-1 levels (0 to 1) "
+                         "the report gives every run's minutes to, e.g. a "
+                         "baseline's final accuracy (default: 0.85, 0.9 and "
+                         "0.92); repeat the flag for more.", lower_bound=0,
+                         upper_bound=1)
 flags.DEFINE_boolean("report_only", False, "Write the report from the runs "
                      "there are; train nothing.")
 flags.mark_flag_as_required("study")
@@ -64,7 +69,7 @@ def main(argv):
         data_dir=cli.path(FLAGS.data_dir), width=FLAGS.width,
         precision=FLAGS.precision,
         arms=FLAGS.arms, seeds=FLAGS.seeds or None,
-        report_only=FLAGS.report_only)
+        report_only=FLAGS.report_only, top1_levels=FLAGS.top1_levels)
 
 
 def run():

@@ -413,6 +413,19 @@ class RunStudyTest(absltest.TestCase):
                      [[r["step"], r["eval"]["top1"]] for r in records
                       if "eval" in r])
     self.assertTrue(records[-1]["done"])
+    # Other levels for the time to accuracy: the first evaluation at or
+    # above each, found here from the records (None where none is).
+    evaluations = [r for r in records if "eval" in r]
+    levels = (0.5, 0.01, 1.0)
+    other = study.collect(TINY_STUDY, output_dir, top1_levels=levels)
+    self.assertEqual(other["top1_levels"], [0.01, 0.5, 1.0])
+    reached = other["arms"][0]["runs"][0]["time_to_top1"]
+    for level in levels:
+      first = next((r["step"] for r in evaluations
+                    if r["eval"]["top1"] >= level), None)
+      self.assertEqual((reached[str(level)] or {}).get("step"), first, level)
+    self.assertIn("| minutes to 1 / 50 / 100 %: wall |",
+                  study.markdown_table(other))
     # Again: nothing is trained, the results are the same.
     again = []
     self.assertEqual(study.run_study(TINY_STUDY, output_dir,
@@ -423,9 +436,16 @@ class RunStudyTest(absltest.TestCase):
                              "skipped"])
 
   def test_binary_reports_and_refuses_bad_flags(self):
-    result = testing.run_binary("study", "--study=smoke", "--epochs=0")
-    self.assertEqual(result.returncode, 1)
-    self.assertNotIn("Traceback", result.stderr)
+    for bad in ("--epochs=0", "--top1_levels=92"):
+      result = testing.run_binary("study", "--study=smoke", bad)
+      self.assertEqual(result.returncode, 1)
+      self.assertNotIn("Traceback", result.stderr)
+    # A repeated float flag's values are each checked (absl's bounds let
+    # NaN through).
+    result = testing.run_binary("study", "--study=smoke",
+                                "--top1_levels=0.5", "--top1_levels=nan")
+    self.assertEqual(testing.last_stderr_line(result),
+                     "error: --top1_levels must be a finite number, got nan")
     result = testing.run_binary("study", "--study=smoke", "--arms=nope",
                                 "--dataset=synthetic", "--report_only",
                                 "--output_dir=" +
@@ -445,15 +465,18 @@ class RunStudyTest(absltest.TestCase):
                      "exists); give a directory")
     output_dir = self.create_tempdir().full_path
     result = testing.run_binary("study", "--study=smoke", "--report_only",
-                                "--dataset=synthetic",
+                                "--dataset=synthetic", "--top1_levels=0.9234",
+                                "--top1_levels=0.5",
                                 f"--output_dir={output_dir}", check=True)
     self.assertEqual(result.stdout.split(),
                      [os.path.join(output_dir, name)
                       for name in (study.RESULTS_JSON, study.RESULTS_MARKDOWN,
                                    study.CURVES_PNG)])
     with open(os.path.join(output_dir, study.RESULTS_MARKDOWN)) as f:
-      # Nothing has run: each of the 3 arms has its one seed unfinished.
-      self.assertEqual(f.read().count("| 1 unfinished |"), 3)
+      text = f.read()
+    # Nothing has run: each of the 3 arms has its one seed unfinished.
+    self.assertEqual(text.count("| 1 unfinished |"), 3)
+    self.assertIn("| minutes to 50 / 92.34 %: wall |", text)
 
 
 if __name__ == "__main__":

@@ -116,13 +116,16 @@ def stop_on_signals():
 def check_finite_flags():
   """One line and exit status 1 if a float flag was given NaN or an
   infinity (absl's bounds let both through: NaN compares false, and inf
-  is above any lower bound)."""
+  is above any lower bound); a repeated float flag, each of its values."""
   for name in flags.FLAGS:
     flag = flags.FLAGS[name]
-    if (isinstance(flag.parser, flags.FloatParser) and flag.present and
-        flag.value is not None and not math.isfinite(flag.value)):
-      raise SystemExit(f"error: --{name} must be a finite number, got "
-                       f"{flag.value}")
+    if not (isinstance(flag.parser, flags.FloatParser) and flag.present and
+            flag.value is not None):
+      continue
+    for value in flag.value if isinstance(flag.value, list) else [flag.value]:
+      if not math.isfinite(value):
+        raise SystemExit(f"error: --{name} must be a finite number, got "
+                         f"{value}")
 
 
 @contextlib.contextmanager

@@ -15,26 +15,29 @@ from identity_tf.training import study as study_lib
 
 def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
                   width=None, precision=None, arms=None, seeds=None,
-                  report_only=False,
+                  report_only=False, top1_levels=None,
                   echo=cli.print_stderr, result=print):
   """Trains the runs of study NAME (`configs.STUDIES`) that have not
   finished -- none with REPORT_ONLY -- and writes the report into
-  OUTPUT_DIR (`study.report`), whose paths go to RESULT.
+  OUTPUT_DIR (`study.report`, with the minutes to each test top-1 level
+  of TOP1_LEVELS, None: `study.TOP1_LEVELS`), whose paths go to RESULT.
 
   ECHO receives the progress (`study.run_study`). SIGTERM or Ctrl-C stops
   the study with one line and the signal's exit status once the current run
   has written a checkpoint: the same command resumes it.
   """
   study = configs.STUDIES[name]
+  top1_levels = top1_levels or study_lib.TOP1_LEVELS
   files.prepare_output_dir(output_dir)  # Before hours of training, not after.
   try:
     if report_only:
-      results = study_lib.collect(study, output_dir, arms=arms, seeds=seeds)
+      results = study_lib.collect(study, output_dir, arms=arms, seeds=seeds,
+                                  top1_levels=top1_levels)
     else:
       results = study_lib.run_study(
           study, output_dir, dataset=dataset, epochs=epochs,
           data_dir=data_dir, width=width, precision=precision, arms=arms,
-          seeds=seeds, echo=echo)
+          seeds=seeds, top1_levels=top1_levels, echo=echo)
   except preemption.PreemptedError as e:
     cli.exit_with(f"study stopped: {e}", e.exit_code)
   for path in study_lib.report(results, output_dir, dataset=dataset,

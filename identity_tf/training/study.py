@@ -36,7 +36,8 @@ LEGACY_RUN_FILE = "study.json"
 RESULTS_JSON = "results.json"
 RESULTS_MARKDOWN = "results.md"
 CURVES_PNG = "curves.png"
-# Test top-1 levels whose time to reach every run reports (time-to-accuracy).
+# Test top-1 levels whose time to reach every run reports (time-to-accuracy),
+# unless the report is asked for others (`collect`'s top1_levels).
 TOP1_LEVELS = (0.85, 0.90, 0.92)
 # What a report's header says every run trained with.
 SETTINGS = ("dataset", "epochs", "width", "precision")
@@ -135,8 +136,9 @@ def runs_of(study, arms=None, seeds=None):
 
 def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
               width=None, precision=None, arms=None, seeds=None,
-              echo=lambda line: None):
-  """Trains every run of STUDY that has not finished; returns `collect`'s.
+              top1_levels=TOP1_LEVELS, echo=lambda line: None):
+  """Trains every run of STUDY that has not finished; returns `collect`'s
+  (with TOP1_LEVELS).
 
   ARMS (names) and SEEDS restrict the grid. ECHO receives one progress line
   per event (a run starting or ending, and the training's own progress
@@ -158,7 +160,8 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
                f"[{number}/{len(grid)}] {arm.name} seed {seed}", data_dir,
                echo)
     keras.backend.clear_session()  # Each run builds its own model.
-  return collect(study, output_dir, arms=arms, seeds=seeds)
+  return collect(study, output_dir, arms=arms, seeds=seeds,
+                 top1_levels=top1_levels)
 
 
 def _train_run(config, model_dir, name, data_dir, echo):
@@ -193,7 +196,7 @@ def _train_run(config, model_dir, name, data_dir, echo):
   echo(f"{name}: {state['status']} after {state['wall_seconds']:.0f} s")
 
 
-def _run_results(model_dir, seed):
+def _run_results(model_dir, seed, top1_levels=TOP1_LEVELS):
   """What one run of a study wrote (see `collect`), and its config."""
   # pylint: disable=g-import-not-at-top
   from identity_tf.training import config_file
@@ -215,7 +218,7 @@ def _run_results(model_dir, seed):
                                    / description["steps_per_epoch"], 2)}
                   if description else None,
       "images_per_second": rate, "machines": metrics.machines(records),
-      "time_to_top1": _time_to_top1(records, rate, config),
+      "time_to_top1": _time_to_top1(records, rate, config, top1_levels),
       "final_top1": top1[-1][1] if top1 and state["status"] == "done"
                     else None,
       # The whole training set evaluated once at the end: what the run
@@ -227,13 +230,13 @@ def _run_results(model_dir, seed):
   }, config
 
 
-def _time_to_top1(records, rate, config):
-  """{"0.9": {"step", "wall_seconds", "estimated_seconds"} or None} per level
-  of TOP1_LEVELS. wall_seconds is the training time it took (None where
+def _time_to_top1(records, rate, config, levels=TOP1_LEVELS):
+  """{"0.9": {"step", "wall_seconds", "estimated_seconds"} or None} per test
+  top-1 level of LEVELS. wall_seconds is the training time it took (None where
   metrics.jsonl does not cover it); estimated_seconds, the examples to that
   evaluation at the run's median speed: what it takes undisturbed."""
   from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
-  reached = metrics.time_to_levels(records, TOP1_LEVELS)
+  reached = metrics.time_to_levels(records, levels)
   for point in reached.values():
     if point is not None:
       point["estimated_seconds"] = (
@@ -242,22 +245,26 @@ def _time_to_top1(records, rate, config):
   return {str(level): point for level, point in reached.items()}
 
 
-def collect(study, output_dir, arms=None, seeds=None):
+def collect(study, output_dir, arms=None, seeds=None,
+            top1_levels=TOP1_LEVELS):
   """What the runs of STUDY in OUTPUT_DIR wrote, as a JSON-ready dict.
 
   Per arm: its description and, per seed, status ("done", "diverged" or
   "pending"; `run_status`), nan_step, wall_seconds, final_top1 (the last
-  evaluation), best_top1 and the curves train_loss and test_top1 as
-  [[step, value], ...]; plus the config of the first run found.
+  evaluation), best_top1, time_to_top1 (the time to each test top-1 level
+  of TOP1_LEVELS, also in the results, ascending) and the curves
+  train_loss and test_top1 as [[step, value], ...]; plus the config of
+  the first run found.
   """
+  top1_levels = sorted(set(top1_levels))
   results = {"study": study.name, "description": study.description,
-             "arms": []}
+             "top1_levels": top1_levels, "arms": []}
   grid = runs_of(study, arms, seeds)
   for arm in study.arms:
     runs, config = [], None
     for seed in [s for a, s in grid if a is arm]:
       run, run_config_dict = _run_results(
-          model_dir_of(output_dir, arm, seed), seed)
+          model_dir_of(output_dir, arm, seed), seed, top1_levels)
       runs.append(run)
       config = config or run_config_dict
     if runs:
@@ -316,8 +323,10 @@ def _training_set(runs, key):
 
 def markdown_table(results):
   """One row per arm: test top-1 (final, best), the training set's loss
-  and top-1 at the end, NaN steps, wall time."""
-  levels = " / ".join(f"{100 * level:g}" for level in TOP1_LEVELS)
+  and top-1 at the end, NaN steps, wall time, minutes to each of the
+  results' top1_levels."""
+  top1_levels = results.get("top1_levels", TOP1_LEVELS)
+  levels = " / ".join(f"{100 * level:g}" for level in top1_levels)
   lines = [
       "| configuration | what | seeds | final test top-1 (%) | best test "
       "top-1 (%) | training-set loss | training-set top-1 (%) | NaN at step "
@@ -346,7 +355,7 @@ def markdown_table(results):
         f"{_summary([r['best_top1'] for r in runs])} | "
         f"{_training_set(runs, 'loss')} | {_training_set(runs, 'top1')} | "
         f"{', '.join(nan) or 'none'} | {wall} | {rates} | " + " | ".join(
-            " / ".join(_minutes_to(runs, level, key) for level in TOP1_LEVELS)
+            " / ".join(_minutes_to(runs, level, key) for level in top1_levels)
             for key in ("wall_seconds", "estimated_seconds")) + " |")
   return "\n".join(lines) + "\n"
 
