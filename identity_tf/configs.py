@@ -543,6 +543,13 @@ STUDIES = {
                 (("logit_scale", 4.0), ("init", "fixup")),
                 description="clipped, the frozen projection's entries times "
                             "4, C2 = 0 and C1 He-normal x L^-1/2"),
+            # A diagnosis, not a candidate (it gives up the paper's frozen
+            # projection): how much of the gap the fixed head accounts for.
+            Arm("trainable_head+fixup_init", "cifar10_paper",
+                (("head", "trainable"), ("init", "fixup")),
+                description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
+                            "the random projection trained (from the same "
+                            "start)"),
             Arm("warmup+fixup_init_unclipped", _LITERAL,
                 _WARMUP + (("init", "fixup"),),
                 description="unclipped, warmed up over 1000 steps, C2 = 0 "
