@@ -92,8 +92,8 @@ class Config:
   norm: bool = _field(None, "Batch-norm pre-activation units (default: the "
                       "model's).")
   use_bias: bool = _field(False, "Biases in the convolutions.")
-  seed: int = _field(0, "Seeds the initial weights, the projection and the "
-                     "data order.")
+  seed: int = _field(0, "Seeds the initial weights, the projection, the "
+                     "data order and --mixup_alpha's mixing.")
   residual: str = _field(None, f"Residual branch of the paper's unit: "
                          f"{_names(architectures.RESIDUALS)} (skipinit: a "
                          "trained scalar gain from 0; gain: from 1; fixup: "
@@ -143,6 +143,11 @@ class Config:
   label_smoothing: float = _field(
       0.0, "Label smoothing of the training loss (0: off); evaluations "
       "report the plain cross-entropy.")
+  mixup_alpha: float = _field(
+      0.0, "mixup (Zhang et al., 2018): every training batch mixed with a "
+      "permutation of itself, images and loss alike, by one weight drawn "
+      "from Beta(alpha, alpha) per batch (0: off; Fixup's CIFAR code: 1); "
+      "the progress lines' loss and top-1 are the mixed batch's.")
   ema_decay: float = _field(
       0.0, "Evaluate and export an exponential moving average of the "
       "trained weights, updated after every step with this decay (e.g. "
@@ -238,7 +243,8 @@ _CIFAR_EPOCH = 391
 # 0.1 for a batch of 128, divided by 10 at epochs 100 and 150 of 200; the
 # scalar biases and multipliers at a tenth of the rate; PyTorch's weight
 # decay 1e-4 on every parameter; no clipping. Their default mixup (alpha 1)
-# is a regulariser for that 200-epoch budget; it is left out.
+# is a regulariser for that 200-epoch budget; it is left out here and is the
+# normfree study's `fixup_mixup`.
 _FIXUP = Config(
     preset="fixup_cifar", model="fixup", dataset="cifar10", batch_size=128,
     learning_rate=0.1, lr_schedule="piecewise",
@@ -312,7 +318,8 @@ FLAG_GROUPS = (
                        "lr_schedule", "lr_boundaries", "lr_decay_factor",
                        "lr_decay_epochs", "momentum", "nesterov",
                        "weight_decay", "weight_decay_scope",
-                       "bias_lr_factor", "label_smoothing", "ema_decay")),
+                       "bias_lr_factor", "label_smoothing", "mixup_alpha",
+                       "ema_decay")),
     ("stabilisers", ("warmup_steps", "grad_clip_norm", "grad_clip_steps",
                      "agc_clip")),
     ("checkpoints, progress and evaluation", (
@@ -451,6 +458,12 @@ STUDIES = {
                 seeds=(0, 1, 2),
                 description="Fixup's recipe with the rate warmed up over "
                             "469 steps (an epoch of Fashion-MNIST)"),
+            # The authors' cifar_train.py mixes every batch by default
+            # (alpha 1): their recipe in full.
+            Arm("fixup_mixup", "fixup_cifar", (("mixup_alpha", 1.0),),
+                seeds=(0, 1, 2),
+                description="Fixup's recipe with its code's default mixup "
+                            "(alpha 1)"),
             Arm("skipinit", "skipinit_cifar",
                 description="SkipInit (De & Smith, 2020): batch norm's "
                             "recipe, a zero gain per branch"),
@@ -663,7 +676,7 @@ def validate(config):
     if getattr(config, name) is not None:
       _positive(config, name)
   for name in ("warmup_steps", "grad_clip_norm", "grad_clip_steps",
-               "agc_clip", "eval_steps"):
+               "agc_clip", "eval_steps", "mixup_alpha"):
     _non_negative(config, name)
   if not 0 <= config.ema_decay < 1:
     raise errors.ConfigError(f"--ema_decay must be in [0, 1) (0: off), got "

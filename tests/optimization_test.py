@@ -1,5 +1,5 @@
-"""Tests of identity_tf/training/optimization.py: schedules, clipping, AGC,
-warm-up, weight averaging.
+"""Tests of identity_tf/training/optimization.py and the training loss:
+schedules, clipping, AGC, warm-up, weight averaging, label smoothing, mixup.
 
 Every stabiliser is checked against the formula of its paper computed here
 in NumPy, and clipping under two replicas (two logical CPUs) against one.
@@ -197,6 +197,116 @@ class ReplicasTest(absltest.TestCase):
       self.assertGreater(
           max(float(np.max(np.abs(a - b)))
               for a, b in zip(one_weights, unclipped)), 1e-4)
+
+
+def _numpy_cross_entropy(logits, targets):
+  """-sum_k t_k log softmax(logits)_k per row, in float64."""
+  logits = np.asarray(logits, np.float64)
+  shifted = logits - logits.max(axis=1, keepdims=True)
+  log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+  return -(targets * log_softmax).sum(axis=1)
+
+
+class TrainingLossTest(absltest.TestCase):
+  """`step.training_loss` against the cross-entropy written out: label
+  smoothing's target (Szegedy et al., 2016) and mixup's (Zhang et al.,
+  2018)."""
+
+  def test_smoothed_and_mixed_losses_are_numpys(self):
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((6, 10)).astype(np.float32) * 3
+    labels = np.array([0, 3, 9, 3, 5, 1], np.int32)
+    partners = np.array([2, 3, 0, 7, 5, 8], np.int32)
+    eye = np.eye(10)
+    for smoothing in (0.0, 0.1):
+      def target(y):
+        return (1 - smoothing) * eye[y] + smoothing / 10
+      np.testing.assert_allclose(
+          step_lib.training_loss(labels, logits, smoothing),
+          _numpy_cross_entropy(logits, target(labels)), rtol=1e-5)
+      np.testing.assert_allclose(
+          step_lib.training_loss(labels, logits, smoothing,
+                                 mixed_with=(partners, 0.3)),
+          _numpy_cross_entropy(logits, 0.3 * target(labels)
+                               + 0.7 * target(partners)), rtol=1e-5)
+
+
+class MixupTest(absltest.TestCase):
+  """`step.mixup`: each image mixed with one partner by one weight per
+  batch, the partners a permutation, the weight Beta(alpha, alpha)."""
+
+  def test_each_image_is_mixed_with_one_partner_by_the_batchs_weight(self):
+    rng = np.random.default_rng(2)
+    images = rng.standard_normal((8, 4, 4, 3)).astype(np.float32)
+    labels = np.arange(8, dtype=np.int32) + 10
+    mixed, partner_labels, lam = step_lib.mixup(images, labels, 1.0,
+                                                tf.constant([3, 7]))
+    mixed, lam = mixed.numpy().reshape(8, -1), float(lam)
+    flat = images.reshape(8, -1).astype(np.float64)
+    partners, weights = [], []
+    for i in range(8):
+      # The partner j and weight w that best explain mixed_i as
+      # w x_i + (1 - w) x_j, by least squares over every candidate j.
+      fits = []
+      for j in range(8):
+        direction = flat[i] - flat[j]
+        w = (1.0 if j == i else
+             float(np.dot(mixed[i] - flat[j], direction)
+                   / np.dot(direction, direction)))
+        fits.append((np.abs(mixed[i] - (w * flat[i] + (1 - w) * flat[j]))
+                     .max(), j, w))
+      residual, j, w = min(fits)
+      self.assertLess(residual, 1e-5)
+      partners.append(j)
+      if j != i:
+        weights.append(w)
+    self.assertCountEqual(partners, range(8))  # A permutation.
+    self.assertNotEqual(partners, list(range(8)))
+    np.testing.assert_array_equal(partner_labels, labels[partners])
+    np.testing.assert_allclose(weights, lam, atol=1e-5)
+    self.assertTrue(0 < lam < 1)
+    # The same seed mixes alike; the next step's seed does not.
+    again, _, lam_again = step_lib.mixup(images, labels, 1.0,
+                                         tf.constant([3, 7]))
+    np.testing.assert_array_equal(again.numpy().reshape(8, -1), mixed)
+    self.assertEqual(float(lam_again), lam)
+    self.assertNotEqual(float(step_lib.mixup(images, labels, 1.0,
+                                             tf.constant([3, 8]))[2]), lam)
+
+  def test_the_weight_has_the_beta_distributions_moments(self):
+    images, labels = np.zeros((2, 1), np.float32), np.zeros(2, np.int32)
+    draw = tf.function(lambda alpha, step: step_lib.mixup(
+        images, labels, alpha, tf.stack([tf.constant(0, tf.int64), step]))[2])
+    for alpha in (1.0, 0.2):
+      lams = np.array([float(draw(alpha, tf.constant(k, tf.int64)))
+                       for k in range(2000)])
+      # Beta(a, a): mean 1/2, variance 1 / (4 (2a + 1)).
+      self.assertAlmostEqual(lams.mean(), 0.5, delta=0.03)
+      self.assertAlmostEqual(lams.var() * 4 * (2 * alpha + 1), 1.0,
+                             delta=0.1)
+
+  def test_a_resumed_run_mixes_as_the_uninterrupted_one(self):
+    config = configs.override(
+        configs.PRESETS["smoke"], width=0.0625, units=(1,), batch_size=8,
+        train_steps=4, checkpoint_steps=2, log_steps=1, steps_per_loop=1,
+        eval_at_end=False, eval_train_at_end=False, deterministic=True,
+        mixup_alpha=1.0)
+    def weights(model_dir):
+      model, _, _ = checkpoints.restore_model(model_dir)
+      return [v.numpy() for v in model.trainable_variables]
+    whole, halves, plain = (self.create_tempdir().full_path
+                            for _ in range(3))
+    lines = []
+    trainer.train(config, whole, echo=lines.append)
+    trainer.train(configs.override(config, train_steps=2), halves)
+    trainer.train(config, halves)
+    for a, b in zip(weights(whole), weights(halves)):
+      np.testing.assert_array_equal(a, b)
+    trainer.train(configs.override(config, mixup_alpha=0.0), plain)
+    self.assertTrue(any(np.any(a != b) for a, b in
+                        zip(weights(whole), weights(plain))))  # It mixes.
+    with self.assertRaisesRegex(ValueError, "--mixup_alpha must be >= 0"):
+      configs.override(config, mixup_alpha=-1.0)
 
 
 class WeightAverageTest(absltest.TestCase):

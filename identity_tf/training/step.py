@@ -117,16 +117,46 @@ def _first_nonfinite(values, watched, step):
                   tf.constant([-1, -1], tf.int64))
 
 
-def training_loss(labels, logits, label_smoothing=0.0):
+def training_loss(labels, logits, label_smoothing=0.0, mixed_with=None):
   """The per-example cross-entropy that training minimises: with
   LABEL_SMOOTHING e > 0, against the target (1 - e) onehot(y) + e / K
-  (Szegedy et al., 2016, Section 7); without it, the plain one."""
-  if not label_smoothing:
-    return keras.losses.sparse_categorical_crossentropy(
-        labels, logits, from_logits=True)
-  return keras.losses.categorical_crossentropy(
-      tf.one_hot(labels, logits.shape[-1]), logits, from_logits=True,
-      label_smoothing=label_smoothing)
+  (Szegedy et al., 2016, Section 7); without it, the plain one. With
+  MIXED_WITH = (partner labels y', lam) from `mixup`, lam loss(y) +
+  (1 - lam) loss(y'): the loss against the mixed target lam y + (1 - lam) y'
+  (Zhang et al., 2018, Eq. 1), the cross-entropy being linear in it."""
+  def loss(targets):
+    if not label_smoothing:
+      return keras.losses.sparse_categorical_crossentropy(
+          targets, logits, from_logits=True)
+    return keras.losses.categorical_crossentropy(
+        tf.one_hot(targets, logits.shape[-1]), logits, from_logits=True,
+        label_smoothing=label_smoothing)
+  if mixed_with is None:
+    return loss(labels)
+  partners, lam = mixed_with
+  return lam * loss(labels) + (1 - lam) * loss(partners)
+
+
+def mixup(images, labels, alpha, seed):
+  """mixup (Zhang, Cisse, Dauphin & Lopez-Paz, 2018, Eq. 1) as Fixup's CIFAR
+  code applies it: one lam ~ Beta(ALPHA, ALPHA) for the batch, and every
+  image mixed with the one a random permutation of the batch pairs it with,
+  lam x + (1 - lam) x'. Returns (mixed images, the partners' labels y',
+  lam); `training_loss(..., mixed_with=(y', lam))` is the mixed loss.
+
+  SEED (two integers) decides lam and the permutation: the same seed, the
+  same mix, so a resumed run mixes its batches as the uninterrupted one.
+  """
+  lam_seed, order_seed = tf.unstack(
+      tf.random.experimental.stateless_split(seed, 2))
+  # Beta(a, a) as G1 / (G1 + G2) for independent Gamma(a, 1) draws.
+  gammas = tf.random.stateless_gamma([2], lam_seed, alpha=alpha)
+  lam = gammas[0] / (gammas[0] + gammas[1])
+  order = tf.argsort(tf.random.stateless_uniform(tf.shape(labels)[:1],
+                                                 order_seed))
+  weight = tf.cast(lam, images.dtype)
+  mixed = weight * images + (1 - weight) * tf.gather(images, order)
+  return mixed, tf.gather(labels, order), lam
 
 
 def _forward_backward(model, probe, optimizer, config, loss_scaled):
@@ -137,12 +167,13 @@ def _forward_backward(model, probe, optimizer, config, loss_scaled):
   global_batch = config.batch_size
   variables = model.trainable_variables
 
-  def forward_backward(images, labels):
+  def forward_backward(images, labels, mixed_with=None):
     with tf.GradientTape() as tape:
       activations = probe(images, training=True)
       # float32 under every precision (the model's head): so is the loss.
       logits = tf.cast(activations["logits"], tf.float32)
-      per_example = training_loss(labels, logits, config.label_smoothing)
+      per_example = training_loss(labels, logits, config.label_smoothing,
+                                  mixed_with)
       # Mean over the global batch: the optimizer sums the replicas'
       # gradients.
       loss = tf.nn.compute_average_loss(per_example,
@@ -175,8 +206,17 @@ def _replica_step(model, probe, optimizer, config, replicas, average):
                                        loss_scaled)
 
   def replica_step(images, labels):
-    activations, logits, per_example, gradients = forward_backward(images,
-                                                                   labels)
+    mixed_with = None
+    if config.mixup_alpha:
+      # A seed per run, step and replica: each replica mixes its own part.
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      images, partners, lam = mixup(
+          images, labels, config.mixup_alpha,
+          tf.stack([tf.cast(config.seed, tf.int64) * 1024 + tf.cast(
+              replica, tf.int64), tf.cast(optimizer.iterations, tf.int64)]))
+      mixed_with = (partners, lam)
+    activations, logits, per_example, gradients = forward_backward(
+        images, labels, mixed_with)
     unscaled = gradients
     if loss_scaled:
       # Clipping, AGC and the diagnostics see the true gradient (dividing
@@ -221,8 +261,13 @@ def _replica_step(model, probe, optimizer, config, replicas, average):
     rms = {name: tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
                                                           tf.float32))))
            for name in names}
-    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
-                               labels), tf.float32)
+    predicted = tf.argmax(logits, -1, output_type=tf.int32)
+    correct = tf.cast(tf.equal(predicted, labels), tf.float32)
+    if mixed_with is not None:
+      # As Fixup's code counts a mixed batch: each target by its weight.
+      partners, lam = mixed_with
+      correct = lam * correct + (1 - lam) * tf.cast(
+          tf.equal(predicted, partners), tf.float32)
     return _pack({
         "loss_sum": tf.reduce_sum(per_example),
         "correct": tf.reduce_sum(correct),
