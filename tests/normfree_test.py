@@ -316,7 +316,7 @@ class RecipeTest(absltest.TestCase):
         num_train_examples=6400)
     # A 5-epoch warm-up of 90 keeps its share: 450 * 5 / 90 = 25 steps.
     self.assertEqual(nf.warmup_steps, 25)
-    self.assertEqual(nf.agc_clip, configs.NF_RESNET_AGC)
+    self.assertEqual(nf.agc_clip, 0.0)  # NF-ResNet's paper: no clipping.
     self.assertTrue(nf.nesterov)
 
 
