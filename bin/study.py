@@ -9,7 +9,9 @@ Each run of the grid trains in OUTPUT_DIR/<arm>/seed<k> (a model_dir of
 finished ones, so a study can span sessions (run it with nohup). A run that
 diverges is recorded with the step of its first NaN. At the end (and with
 --report_only at any time) OUTPUT_DIR gets results.json, results.md (final
-and best test top-1, NaN steps, wall time per configuration) and curves.png.
+and best test top-1, NaN steps, wall time per configuration) and curves.png,
+of every run started there: a command for one more seed or arm adds it to
+the report.
 Progress goes to stderr; the paths of the report to stdout. The studies are
 in identity_tf/configs.py (STUDIES); docs/results.md has the published one.
 """
@@ -39,8 +41,8 @@ flags.DEFINE_float("width", None, f"Every run's: {cli.config_help('width')} "
 flags.DEFINE_enum("precision", None, configs.PRECISIONS, "Every run's: "
                   f"{cli.config_help('precision')} Default: each preset's; "
                   "an arm that sets its own keeps it.")
-flags.DEFINE_list("arms", None, "Only these arms of the study (default: "
-                  "all).")
+flags.DEFINE_list("arms", None, "Train only these arms of the study "
+                  "(default: all); with --report_only, report only these.")
 flags.DEFINE_multi_integer("seeds", None, "These seeds for every arm "
                            "(default: each arm's); repeat the flag for more.",
                            lower_bound=0)
@@ -52,7 +54,7 @@ flags.DEFINE_multi_float("top1_levels", None, "Test top-1 levels (0 to 1) "
                          "0.92); repeat the flag for more.", lower_bound=0,
                          upper_bound=1)
 flags.DEFINE_boolean("report_only", False, "Write the report from the runs "
-                     "there are; train nothing.")
+                     "started in --output_dir; train nothing.")
 flags.mark_flag_as_required("study")
 # --help lists the flags this binary takes from cli with its own.
 flags.adopt_module_key_flags(cli)

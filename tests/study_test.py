@@ -13,6 +13,7 @@ import statistics
 from absl.testing import absltest
 
 from identity_tf import configs
+from identity_tf import errors
 from identity_tf.training import metrics
 from identity_tf.training import study
 import testing
@@ -354,6 +355,25 @@ class RunConfigTest(absltest.TestCase):
               arm, 0, dataset="fashion_mnist", epochs=10,
               num_train_examples=60_000))
 
+  def test_the_runs_started_are_the_seed_directories_there_are(self):
+    output_dir = self.create_tempdir().full_path
+    for path in ("smoke/seed10", "smoke/seed2", "smoke/seedling",
+                 "huge_lr/seed0", "other_arm/seed1"):
+      os.makedirs(os.path.join(output_dir, path))
+    with open(os.path.join(output_dir, "smoke", "seed3"), "w") as f:
+      f.write("a file, not a run")
+    by_name = {arm.name: arm for arm in TINY_STUDY.arms}
+    self.assertEqual(study.runs_started(TINY_STUDY, output_dir),
+                     [(by_name["smoke"], 2), (by_name["smoke"], 10),
+                      (by_name["huge/lr"], 0)])
+    self.assertEqual(study.runs_started(TINY_STUDY, output_dir, seeds=[10]),
+                     [(by_name["smoke"], 10)])
+    self.assertEqual(study.runs_started(TINY_STUDY, output_dir,
+                                        arms=["huge/lr"], seeds=[2]), [])
+    with self.assertRaisesRegex(errors.CheckpointError,
+                                "^no run of study tiny has started in "):
+      study.collect(TINY_STUDY, self.create_tempdir().full_path)
+
   def test_unknown_arms_are_named(self):
     with self.assertRaisesRegex(ValueError, "no arm nope; its arms: smoke"):
       study.runs_of(TINY_STUDY, arms=["nope"])
@@ -434,6 +454,18 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(again, ["[1/2] smoke seed 0: done earlier, skipped",
                              "[2/2] huge/lr seed 0: diverged earlier, "
                              "skipped"])
+    # A command for one more seed of one arm: its report is still of every
+    # run in the directory; --arms and --seeds restrict a report asked for.
+    results = study.run_study(TINY_STUDY, output_dir, dataset="synthetic",
+                              epochs=0.2, arms=["smoke"], seeds=[1])
+    self.assertEqual(
+        [(arm["name"], [r["seed"] for r in arm["runs"]])
+         for arm in results["arms"]], [("smoke", [0, 1]), ("huge/lr", [0])])
+    self.assertEqual(results["arms"][0]["runs"][0], run)
+    self.assertEqual(
+        [(arm["name"], [r["seed"] for r in arm["runs"]]) for arm in
+         study.collect(TINY_STUDY, output_dir, arms=["huge/lr"])["arms"]],
+        [("huge/lr", [0])])
 
   def test_binary_reports_and_refuses_bad_flags(self):
     for bad in ("--epochs=0", "--top1_levels=92"):
@@ -465,6 +497,15 @@ class RunStudyTest(absltest.TestCase):
                      "exists); give a directory")
     output_dir = self.create_tempdir().full_path
     result = testing.run_binary("study", "--study=smoke", "--report_only",
+                                "--dataset=synthetic",
+                                f"--output_dir={output_dir}")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(testing.last_stderr_line(result),
+                     f"error: no run of study smoke has started in "
+                     f"{output_dir}: train them first (the same command "
+                     "without --report_only)")
+    os.makedirs(os.path.join(output_dir, "smoke", "seed0"))
+    result = testing.run_binary("study", "--study=smoke", "--report_only",
                                 "--dataset=synthetic", "--top1_levels=0.9234",
                                 "--top1_levels=0.5",
                                 f"--output_dir={output_dir}", check=True)
@@ -474,8 +515,10 @@ class RunStudyTest(absltest.TestCase):
                                    study.CURVES_PNG)])
     with open(os.path.join(output_dir, study.RESULTS_MARKDOWN)) as f:
       text = f.read()
-    # Nothing has run: each of the 3 arms has its one seed unfinished.
-    self.assertEqual(text.count("| 1 unfinished |"), 3)
+    # One run has started, and not finished; the arms never run are not
+    # in the report.
+    self.assertEqual(text.count("| 1 unfinished |"), 1)
+    self.assertNotIn("lr_x10", text)
     self.assertIn("| minutes to 50 / 92.34 %: wall |", text)
 
 

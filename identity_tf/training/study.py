@@ -5,9 +5,10 @@ for its seeds. `run_study` trains every run of the grid on one dataset for a
 budget in epochs, one after the other, each in its own model_dir
 (OUTPUT_DIR/<arm>/seed<k>), so that re-running the same command resumes an
 interrupted run and skips finished ones. A run that diverges is recorded
-with the step of its first NaN, not retried. `collect` reads what the runs
-wrote -- each run's metrics.jsonl, its one record: how it ended, its wall
-time and its curves -- and `write_report` turns it into results.json,
+with the step of its first NaN, not retried. `collect` reads what every
+run started in OUTPUT_DIR wrote, whichever command started it -- each
+run's metrics.jsonl, its one record: how it ended, its wall time and its
+curves -- and `write_report` turns it into results.json,
 results.md (a markdown table) and curves.png (training loss and test top-1
 against the step, one line per arm), given the settings it ran with
 (`report`). //bin:study's orchestration is `commands.study`.
@@ -22,6 +23,7 @@ test split once per epoch.
 import json
 import math
 import os
+import re
 
 import numpy as np
 
@@ -138,7 +140,8 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
               width=None, precision=None, arms=None, seeds=None,
               top1_levels=TOP1_LEVELS, echo=lambda line: None):
   """Trains every run of STUDY that has not finished; returns `collect`'s
-  (with TOP1_LEVELS).
+  (with TOP1_LEVELS) of every run in OUTPUT_DIR, this call's and earlier
+  ones' with other ARMS or SEEDS.
 
   ARMS (names) and SEEDS restrict the grid. ECHO receives one progress line
   per event (a run starting or ending, and the training's own progress
@@ -160,8 +163,7 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
                f"[{number}/{len(grid)}] {arm.name} seed {seed}", data_dir,
                echo)
     keras.backend.clear_session()  # Each run builds its own model.
-  return collect(study, output_dir, arms=arms, seeds=seeds,
-                 top1_levels=top1_levels)
+  return collect(study, output_dir, top1_levels=top1_levels)
 
 
 def _train_run(config, model_dir, name, data_dir, echo):
@@ -245,24 +247,51 @@ def _time_to_top1(records, rate, config, levels=TOP1_LEVELS):
   return {str(level): point for level, point in reached.items()}
 
 
+def runs_started(study, output_dir, arms=None, seeds=None):
+  """[(arm, seed)] of STUDY whose model_dir exists in OUTPUT_DIR, in the
+  study's order of arms and by seed: every run any command started there,
+  whatever its --arms and --seeds. ARMS (names) and SEEDS restrict them."""
+  runs_of(study, arms)  # Names an unknown arm.
+  started = []
+  for arm in study.arms:
+    if arms is not None and arm.name not in arms:
+      continue
+    arm_dir = os.path.dirname(model_dir_of(output_dir, arm, 0))
+    entries = os.listdir(arm_dir) if os.path.isdir(arm_dir) else ()
+    found = sorted(int(entry[len("seed"):]) for entry in entries
+                   if re.fullmatch(r"seed\d+", entry)
+                   and os.path.isdir(os.path.join(arm_dir, entry)))
+    started += [(arm, seed) for seed in found
+                if seeds is None or seed in seeds]
+  return started
+
+
 def collect(study, output_dir, arms=None, seeds=None,
             top1_levels=TOP1_LEVELS):
-  """What the runs of STUDY in OUTPUT_DIR wrote, as a JSON-ready dict.
+  """What the runs of STUDY in OUTPUT_DIR wrote, as a JSON-ready dict:
+  every run started there (`runs_started`, restricted to ARMS and SEEDS),
+  so that a report is of the whole directory, not of the last command.
 
   Per arm: its description and, per seed, status ("done", "diverged" or
   "pending"; `run_status`), nan_step, wall_seconds, final_top1 (the last
   evaluation), best_top1, time_to_top1 (the time to each test top-1 level
   of TOP1_LEVELS, also in the results, ascending) and the curves
   train_loss and test_top1 as [[step, value], ...]; plus the config of
-  the first run found.
+  the first run found. Raises `errors.CheckpointError` if no run has
+  started: there is nothing to report.
   """
   top1_levels = sorted(set(top1_levels))
   results = {"study": study.name, "description": study.description,
              "top1_levels": top1_levels, "arms": []}
-  grid = runs_of(study, arms, seeds)
+  started = runs_started(study, output_dir, arms, seeds)
+  if not started:
+    raise errors.CheckpointError(
+        f"no run of study {study.name} has started in {output_dir}"
+        + (" with those --arms and --seeds" if arms or seeds else "")
+        + ": train them first (the same command without --report_only)")
   for arm in study.arms:
     runs, config = [], None
-    for seed in [s for a, s in grid if a is arm]:
+    for seed in [s for a, s in started if a is arm]:
       run, run_config_dict = _run_results(
           model_dir_of(output_dir, arm, seed), seed, top1_levels)
       runs.append(run)
