@@ -486,24 +486,20 @@ class RunStudyTest(absltest.TestCase):
                      "error: study smoke has no arm nope; its arms: smoke, "
                      "lr_x10, lr_x10_clip")
     # An --output_dir that is a file is named as the flag typed, before
-    # anything runs.
+    # anything runs; a report with no run to report says so.
     a_file = self.create_tempfile().full_path
-    result = testing.run_binary("study", "--study=smoke", "--epochs=0.2",
-                                "--dataset=synthetic",
-                                f"--output_dir={a_file}")
-    self.assertEqual(result.returncode, 1)
-    self.assertEqual(testing.last_stderr_line(result),
-                     f"error: --output_dir={a_file} cannot be created (File "
-                     "exists); give a directory")
     output_dir = self.create_tempdir().full_path
-    result = testing.run_binary("study", "--study=smoke", "--report_only",
-                                "--dataset=synthetic",
-                                f"--output_dir={output_dir}")
-    self.assertEqual(result.returncode, 1)
-    self.assertEqual(testing.last_stderr_line(result),
-                     f"error: no run of study smoke has started in "
-                     f"{output_dir}: train them first (the same command "
-                     "without --report_only)")
+    for args, line in (
+        (["--epochs=0.2", f"--output_dir={a_file}"],
+         f"error: --output_dir={a_file} cannot be created (File exists); "
+         "give a directory"),
+        (["--report_only", f"--output_dir={output_dir}"],
+         f"error: no run of study smoke has started in {output_dir}: train "
+         "them first (the same command without --report_only)")):
+      result = testing.run_binary("study", "--study=smoke",
+                                  "--dataset=synthetic", *args)
+      self.assertEqual(result.returncode, 1)
+      self.assertEqual(testing.last_stderr_line(result), line)
     os.makedirs(os.path.join(output_dir, "smoke", "seed0"))
     result = testing.run_binary("study", "--study=smoke", "--report_only",
                                 "--dataset=synthetic", "--top1_levels=0.9234",
