@@ -5,6 +5,7 @@ independently with `statistics`); the runner on a tiny study of the
 synthetic dataset, one arm of which diverges.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -375,8 +376,11 @@ class RunConfigTest(absltest.TestCase):
       study.collect(TINY_STUDY, self.create_tempdir().full_path)
 
   def test_unknown_arms_are_named(self):
-    with self.assertRaisesRegex(ValueError, "no arm nope; its arms: smoke"):
-      study.runs_of(TINY_STUDY, arms=["nope"])
+    for runs in (study.runs_of, functools.partial(
+        study.runs_started, output_dir=self.create_tempdir().full_path)):
+      with self.assertRaisesRegex(ValueError,
+                                  "no arm nope; its arms: smoke"):
+        runs(TINY_STUDY, arms=["nope"])
     self.assertEqual(
         [(a.name, s) for a, s in study.runs_of(TINY_STUDY, seeds=[3, 4])],
         [("smoke", 3), ("smoke", 4), ("huge/lr", 3), ("huge/lr", 4)])

@@ -124,15 +124,20 @@ def run_status(model_dir, records):
   return state
 
 
-def runs_of(study, arms=None, seeds=None):
-  """[(arm, seed)] of STUDY, restricted to the arm names ARMS and SEEDS."""
-  chosen = [arm for arm in study.arms if arms is None or arm.name in arms]
-  unknown = sorted(set(arms or ()) - {arm.name for arm in study.arms})
+def arms_named(study, names=None):
+  """The arms of STUDY named in NAMES (all if None), in the study's order;
+  `errors.ConfigError` naming the study's arms if a name is not one."""
+  unknown = sorted(set(names or ()) - {arm.name for arm in study.arms})
   if unknown:
     raise errors.ConfigError(
         f"study {study.name} has no arm {', '.join(unknown)}; "
         f"its arms: {', '.join(a.name for a in study.arms)}")
-  return [(arm, seed) for arm in chosen
+  return [arm for arm in study.arms if names is None or arm.name in names]
+
+
+def runs_of(study, arms=None, seeds=None):
+  """[(arm, seed)] of STUDY, restricted to the arm names ARMS and SEEDS."""
+  return [(arm, seed) for arm in arms_named(study, arms)
           for seed in (arm.seeds if seeds is None else seeds)]
 
 
@@ -251,11 +256,8 @@ def runs_started(study, output_dir, arms=None, seeds=None):
   """[(arm, seed)] of STUDY whose model_dir exists in OUTPUT_DIR, in the
   study's order of arms and by seed: every run any command started there,
   whatever its --arms and --seeds. ARMS (names) and SEEDS restrict them."""
-  runs_of(study, arms)  # Names an unknown arm.
   started = []
-  for arm in study.arms:
-    if arms is not None and arm.name not in arms:
-      continue
+  for arm in arms_named(study, arms):
     arm_dir = os.path.dirname(model_dir_of(output_dir, arm, 0))
     entries = os.listdir(arm_dir) if os.path.isdir(arm_dir) else ()
     found = sorted(int(entry[len("seed"):]) for entry in entries
