@@ -605,10 +605,11 @@ STUDIES = {
                 (("model", "resnet_bn"), ("ema_decay", 0.999)),
                 description="batch norm, the weights' moving average "
                             "(decay 0.999) evaluated"),
-            # Without batch norm, weight decay only pulls the branches back
-            # towards the identity (with it, it also raises the effective
-            # rate of the scale-invariant kernels): whether that pull is
-            # what keeps the paper's training loss above batch norm's.
+            # Without batch norm, weight decay only pulls the weights towards
+            # zero, the branches towards the identity (with it, it also
+            # raises the effective rate of the kernels a batch norm
+            # follows): whether that pull is what keeps the paper's
+            # training loss above batch norm's.
             Arm("no_decay+fixup_init", "cifar10_paper",
                 (("weight_decay", 0.0), ("init", "fixup")),
                 description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
