@@ -31,10 +31,13 @@ INIT_SCHEMES = ("paper", "standard", "fixup")
 #             (the branch starts as small as the paper's init makes it);
 #   fixup     Fixup (Zhang, Dauphin & Ma 2019): scalar biases and a scalar
 #             multiplier in the branch, C2 = 0 and C1 He-initialised scaled
-#             by L^(-1/2) for L branches.
+#             by L^(-1/2) for L branches;
+#   skipinit_ws  skipinit with C1 and C2 Scaled-Weight-Standardised (NF-
+#             ResNet's convolutions, Brock, De & Smith 2021), drawn at unit
+#             fan-in variance whatever the init scheme (it sets the stem's).
 # These parametrise the paper's unit; the methods' own networks are the
 # PEERS below.
-RESIDUALS = ("plain", "skipinit", "gain", "fixup")
+RESIDUALS = ("plain", "skipinit", "gain", "fixup", "skipinit_ws")
 # The scale of `layers.RandomProjection`'s entries: N(0, 1/classes) (the
 # norm of the features is kept) or N(0, 1/d) (each logit has the variance of
 # one feature, the 2016 resnet's unit-scaling initialiser for its last
@@ -199,6 +202,9 @@ def complete_options(name, **options):
   _check(opts["residual"] in RESIDUALS,
          f"unknown residual {opts['residual']!r}; valid: "
          f"{', '.join(RESIDUALS)}")
+  _check(not (opts["residual"] == "skipinit_ws" and opts["init"] == "fixup"),
+         "residual skipinit_ws standardises C1 and C2, which init fixup "
+         "would set to zero; use init paper or standard")
   _check(not (opts["norm"] and opts["residual"] != "plain"),
          f"residual={opts['residual']!r} is a normalisation-free "
          "parametrisation of the identity unit; it does not combine with "

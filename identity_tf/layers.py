@@ -22,6 +22,8 @@ PACKAGE = "identity_tf"
 INIT_SCHEMES = architectures.INIT_SCHEMES
 RESIDUALS = architectures.RESIDUALS
 PROJECTION_SCALES = architectures.PROJECTION_SCALES
+# The floor on var(W) * fan_in in `ScaledWSConv2D` (NF-ResNets' code).
+WS_EPSILON = 1e-4
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -105,6 +107,51 @@ class StridedUnit(keras.layers.Layer):
             "strides": self.strides, "seed": self.seed}
 
 
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ScaledWSConv2D(keras.layers.Conv2D):
+  """A convolution whose kernel is standardised per output channel before
+  use: gain * (W - mean) / sqrt(max(var * fan_in, 1e-4)), the gain a
+  trained vector from 1 (Scaled Weight Standardisation: Brock, De & Smith,
+  2021, Section 4.2). NF-ResNet's convolutions (`peers.nf_resnet`) and the
+  "skipinit_ws" branch of `ConvResidualUnit`. The function it computes does
+  not depend on the kernel's scale; its gradient does, as 1 / ||W||."""
+
+  def build(self, input_shape):
+    super().build(input_shape)
+    self.gain = self.add_weight(name="gain", shape=(self.filters,),
+                                initializer="ones")
+
+  def standardized_kernel(self):
+    # Under mixed precision the kernel arrives rounded to 16 bits; the
+    # standardisation itself is computed in float32.
+    kernel = ops.cast(self.kernel, "float32")
+    mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+    var = ops.var(kernel, axis=(0, 1, 2), keepdims=True)
+    fan_in = math.prod(kernel.shape[:-1])
+    scale = ops.rsqrt(ops.maximum(var * fan_in, WS_EPSILON)) * self.gain
+    return (kernel - mean) * scale
+
+  # Conv2D saves its kernel and bias by position only: the gain goes last.
+  def _own_variables(self):
+    return [self._kernel] + ([self.bias] if self.use_bias else []) + [
+        self.gain]
+
+  def save_own_variables(self, store):
+    if self.built:
+      for i, variable in enumerate(self._own_variables()):
+        store[str(i)] = variable
+
+  def load_own_variables(self, store):
+    if self.built:
+      for i, variable in enumerate(self._own_variables()):
+        variable.assign(store[str(i)])
+
+  def convolution_op(self, inputs, kernel):
+    del kernel  # The standardised one, from the float32 weights.
+    return super().convolution_op(
+        inputs, ops.cast(self.standardized_kernel(), inputs.dtype))
+
+
 class _ConvUnitBase(StridedUnit):
   """Configuration shared by the two convolutional residual units."""
 
@@ -123,7 +170,8 @@ class _ConvUnitBase(StridedUnit):
     self.kernel_initializer = kernel_initializer
     self.kernel_size = int(kernel_size)
 
-  def _conv(self, strides, seed_offset, name, init=None):
+  def _conv(self, strides, seed_offset, name, init=None,
+            conv_class=keras.layers.Conv2D):
     init = init or self.kernel_initializer
     seed = None if self.seed is None else self.seed + seed_offset
     if init in ResidualInitializer.SCHEMES:
@@ -132,7 +180,7 @@ class _ConvUnitBase(StridedUnit):
       init = keras.initializers.get(init)
     # The unit's own dtype policy, not the global one at build time, so that
     # a unit computes in the precision it was created (or saved) with.
-    return keras.layers.Conv2D(
+    return conv_class(
         self.filters, self.kernel_size, strides=strides, padding="same",
         use_bias=self.use_bias, kernel_initializer=init, name=name,
         dtype=self.branch_dtype or self.dtype_policy)
@@ -177,6 +225,10 @@ class ConvResidualUnit(_ConvUnitBase):
     L^(-1/(2m-2)) = L^(-1/2) for L = `num_branches` residual branches of
     m = 2 layers (rule 2). Where the shape is kept S(x + b1) is x, as in
     Fixup's ResNets.
+  * "skipinit_ws": "skipinit" with C1 and C2 `ScaledWSConv2D`s, their
+    kernels drawn from N(0, 1/fan_in) (NF-ResNet's convolutions, Brock, De &
+    Smith, 2021, Section 4.2): the same function class, a branch whose size
+    does not depend on the kernels' and steps relative to the weights.
 
   `kernel_initializer="fixup"` draws C1 and C2 by that rule 2 for any
   `residual`: the plain unit then starts as exactly S.
@@ -204,6 +256,17 @@ class ConvResidualUnit(_ConvUnitBase):
               2.0 / self.num_branches, mode="fan_in",
               distribution="untruncated_normal", seed=self.seed))
       self.conv2 = self._conv(1, 1, "conv2", "zeros")
+    elif self.residual == "skipinit_ws":
+      # Standardised kernels at unit fan-in variance: steps of the rate's
+      # size relative to them, as in NF-ResNet (the gradient scales as
+      # 1 / ||W||, so the paper's small scale would make them huge).
+      def unit_fan_in(offset):
+        return keras.initializers.VarianceScaling(
+            1.0, mode="fan_in", distribution="truncated_normal",
+            seed=None if self.seed is None else self.seed + offset)
+      self.conv1 = self._conv(self.strides, 0, "conv1", unit_fan_in(0),
+                              ScaledWSConv2D)
+      self.conv2 = self._conv(1, 1, "conv2", unit_fan_in(1), ScaledWSConv2D)
     else:
       self.conv1 = self._conv(self.strides, 0, "conv1")
       self.conv2 = self._conv(1, 1, "conv2")
@@ -218,10 +281,10 @@ class ConvResidualUnit(_ConvUnitBase):
       self.scale = self.add_weight(name="scale", initializer="ones", **scalar)
       self.bias2b = self.add_weight(name="bias2b", initializer="zeros",
                                     **scalar)
-    if self.residual in ("skipinit", "gain"):
+    if self.residual in ("skipinit", "skipinit_ws", "gain"):
       self.branch_gain = self.add_weight(
           name="branch_gain", shape=(), trainable=True,
-          initializer="zeros" if self.residual == "skipinit" else "ones")
+          initializer="ones" if self.residual == "gain" else "zeros")
     self.conv1.build(input_shape)
     self.conv2.build(self.conv1.compute_output_shape(input_shape))
 
@@ -239,7 +302,7 @@ class ConvResidualUnit(_ConvUnitBase):
       return shortcut(shifted if changes_shape else x, self.filters,
                       self.strides) + ops.cast(branch, x.dtype)
     branch = self.conv2(ops.relu(self.conv1(x)))
-    if self.residual in ("skipinit", "gain"):
+    if self.residual in ("skipinit", "skipinit_ws", "gain"):
       branch = branch * ops.cast(self.branch_gain, branch.dtype)
     return shortcut(x, self.filters, self.strides) + ops.cast(branch, x.dtype)
 

@@ -102,12 +102,13 @@ class ResidualUnitTest(absltest.TestCase):
       layers.ResidualInitializer("he")
 
 
-def reference_branch(x, unit):
-  """C2(ReLU(C1 x)) of a unit with tf.nn.conv2d, not Keras's Conv2D."""
+def reference_branch(x, unit, kernel=lambda layer: np.asarray(layer.kernel)):
+  """C2(ReLU(C1 x)) of a unit with tf.nn.conv2d, not Keras's Conv2D; KERNEL
+  gives the kernel a convolution layer computes with."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def conv(inputs, layer, strides):
-    return tf.nn.conv2d(inputs, np.asarray(layer.kernel), strides, "SAME")
+    return tf.nn.conv2d(inputs, kernel(layer), strides, "SAME")
   return conv(tf.nn.relu(conv(x, unit.conv1, unit.strides)), unit.conv2, 1)
 
 
@@ -126,6 +127,33 @@ class StabiliserTest(absltest.TestCase):
       np.testing.assert_allclose(
           unit(x), numpy_shortcut(x, c_out, stride) +
           0.7 * np.asarray(reference_branch(x, unit)), rtol=1e-4, atol=1e-5)
+
+  def test_skipinit_ws_standardises_its_kernels_and_starts_at_identity(self):
+    rng = np.random.default_rng(14)
+    x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
+
+    def standardised(layer):  # Brock et al. (2021), Section 4.2, in NumPy.
+      w = np.asarray(layer.kernel, np.float64)
+      fan_in = np.prod(w.shape[:-1])
+      return ((w - w.mean(axis=(0, 1, 2))) / (w.std(axis=(0, 1, 2))
+              * math.sqrt(fan_in)) * np.asarray(layer.gain)).astype("float32")
+    for c_out, stride in [(4, 1), (8, 2)]:
+      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=6,
+                                     residual="skipinit_ws")
+      np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
+                                 rtol=1e-6, atol=1e-6)  # a = 0.
+      # Drawn at unit fan-in variance (Keras's truncated normal keeps it).
+      self.assertAlmostEqual(
+          np.asarray(unit.conv2.kernel).std() * math.sqrt(9 * c_out), 1.0,
+          delta=0.15)
+      unit.branch_gain.assign(0.7)
+      unit.conv1.gain.assign(rng.uniform(0.5, 2, size=c_out))
+      # The branch does not depend on the kernels' scale.
+      unit.conv2.kernel.assign(np.asarray(unit.conv2.kernel) * 5 + 0.3)
+      reference = reference_branch(x, unit, kernel=standardised)
+      np.testing.assert_allclose(
+          unit(x), numpy_shortcut(x, c_out, stride) +
+          0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
 
   def test_fixup_initialisation_is_zhang_et_als(self):
     # Rule 2: C1 ~ N(0, 2 / fan_in) scaled by L^(-1/2); C2 = 0; scalars 0/1.
@@ -179,6 +207,7 @@ class StabiliserTest(absltest.TestCase):
     images = np.random.default_rng(12).normal(size=(2, 16, 16, 3)).astype(
         "float32")
     for options in (dict(residual="skipinit"), dict(residual="fixup"),
+                    dict(residual="skipinit_ws"),
                     dict(projection_scale="features")):
       model = tiny(units=2, **options)
       for weight in model.trainable_weights:  # Off the initial values.
@@ -201,6 +230,8 @@ class StabiliserTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError,
                                 "valid: plain, skipinit, gain, fixup"):
       tiny(residual="rezero")
+    with self.assertRaisesRegex(ValueError, "use init paper or standard"):
+      tiny(residual="skipinit_ws", init="fixup")
     with self.assertRaisesRegex(ValueError, "needs num_branches"):
       layers.ConvResidualUnit(4, residual="fixup")
 

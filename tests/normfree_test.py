@@ -132,7 +132,7 @@ class SkipInitTest(absltest.TestCase):
 class NFResNetTest(absltest.TestCase):
 
   def test_weight_standardisation_is_scaled_per_output_channel(self):
-    conv = nf_resnet.ScaledWSConv2D(5, 3, padding="same")
+    conv = layers.ScaledWSConv2D(5, 3, padding="same")
     conv(_images(1, channels=4, size=6))
     conv.gain.assign(np.arange(1, 6, dtype=np.float32))
     w = conv.kernel.numpy().astype(np.float64)

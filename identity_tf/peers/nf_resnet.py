@@ -28,8 +28,6 @@ PACKAGE = "identity_tf"
 # N(0, 1); its inverse square root (Brock et al., 2021, Appendix D).
 RELU_GAIN = math.sqrt(2 / (1 - 1 / math.pi))
 ALPHA = 0.2
-# The floor on var(W) * fan_in in the standardisation (the authors' code).
-WS_EPSILON = 1e-4
 
 
 def scaled_relu(x):
@@ -48,55 +46,14 @@ class ScaledReLU(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class ScaledWSConv2D(keras.layers.Conv2D):
-  """A convolution whose kernel is standardised per output channel before
-  use: gain * (W - mean) / sqrt(max(var * fan_in, 1e-4)) (Scaled Weight
-  Standardisation, Section 4.2), the gain a trained vector from 1."""
-
-  def build(self, input_shape):
-    super().build(input_shape)
-    self.gain = self.add_weight(name="gain", shape=(self.filters,),
-                                initializer="ones")
-
-  def standardized_kernel(self):
-    # Under mixed precision the kernel arrives rounded to 16 bits; the
-    # standardisation itself is computed in float32.
-    kernel = ops.cast(self.kernel, "float32")
-    mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
-    var = ops.var(kernel, axis=(0, 1, 2), keepdims=True)
-    fan_in = math.prod(kernel.shape[:-1])
-    scale = ops.rsqrt(ops.maximum(var * fan_in, WS_EPSILON)) * self.gain
-    return (kernel - mean) * scale
-
-  # Conv2D saves its kernel and bias by position only: the gain goes last.
-  def _own_variables(self):
-    return [self._kernel] + ([self.bias] if self.use_bias else []) + [
-        self.gain]
-
-  def save_own_variables(self, store):
-    if self.built:
-      for i, variable in enumerate(self._own_variables()):
-        store[str(i)] = variable
-
-  def load_own_variables(self, store):
-    if self.built:
-      for i, variable in enumerate(self._own_variables()):
-        variable.assign(store[str(i)])
-
-  def convolution_op(self, inputs, kernel):
-    del kernel  # The standardised one, from the float32 weights.
-    return super().convolution_op(
-        inputs, ops.cast(self.standardized_kernel(), inputs.dtype))
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
 class NFUnit(layers.StridedUnit):
   """h -> S(h) + alpha a C2(gamma ReLU(C1(x))), x = gamma ReLU(h) beta.
 
-  C1 (with the stride) and C2: 3x3 `ScaledWSConv2D`s with biases. S is the
-  identity where the shape is kept, else a 1x1 `ScaledWSConv2D` with the
-  stride applied to x (the downscaled input). a: a trained scalar, 0 at
-  initialisation. BETA = 1 / the expected standard deviation of h.
+  C1 (with the stride) and C2: 3x3 `layers.ScaledWSConv2D`s with biases.
+  S is the identity where the shape is kept, else a 1x1
+  `layers.ScaledWSConv2D` with the stride applied to x (the downscaled
+  input). a: a trained scalar, 0 at initialisation. BETA = 1 / the
+  expected standard deviation of h.
   """
 
   def __init__(self, filters, strides=1, alpha=ALPHA, beta=1.0, seed=None,
@@ -108,7 +65,7 @@ class NFUnit(layers.StridedUnit):
 
   def _conv(self, kernel, strides, offset, name):
     seed = None if self.seed is None else self.seed + offset
-    return ScaledWSConv2D(
+    return layers.ScaledWSConv2D(
         self.filters, kernel, strides=strides, padding="same", name=name,
         kernel_initializer=keras.initializers.VarianceScaling(
             1.0, mode="fan_in", distribution="truncated_normal", seed=seed),
@@ -157,7 +114,7 @@ def build(arch, opts, inputs, head):
   seed = opts.seed * 1000
   x = inputs
   for i, (kernel, channels, stride) in enumerate(arch.stem):
-    x = ScaledWSConv2D(
+    x = layers.ScaledWSConv2D(
         architectures.scaled_channels(channels, opts.width), kernel,
         strides=stride, padding="same", use_bias=False, name=f"stem{i + 1}",
         kernel_initializer=keras.initializers.VarianceScaling(

@@ -37,7 +37,8 @@ class NonFiniteLossError(errors.TrainingError):
 def residual_branch_norms(model):
   """{stage number: max over the stage's units of ||C2||_2}.
 
-  (Times the branch's scalar multiplier under SkipInit and Fixup.)
+  (With C2's standardised kernel where it is standardised, and times the
+  branch's scalar multipliers under SkipInit, Fixup and NF-ResNet.)
 
   For residual unit x -> x + C2(ReLU(C1 x)) we take C2's kernel [k, k, c, c]
   reshaped to a (k k c) x c matrix and its spectral norm (largest singular
@@ -55,13 +56,19 @@ def residual_branch_norms(model):
             hasattr(layer, "conv2")):
       continue
     stage = int(name[len("stage"):name.index("_unit")])
-    kernel = tf.convert_to_tensor(layer.conv2.kernel)
+    conv2 = layer.conv2
+    # A standardised convolution computes with its standardised kernel.
+    kernel = tf.convert_to_tensor(
+        conv2.standardized_kernel() if hasattr(conv2, "standardized_kernel")
+        else conv2.kernel)
     matrix = tf.reshape(kernel, [-1, kernel.shape[-1]])
     norm = float(tf.linalg.svd(matrix, compute_uv=False)[0])
-    # SkipInit's and Fixup's scalar multipliers are part of the branch's C2.
-    for gain in ("branch_gain", "scale"):
+    # SkipInit's, Fixup's and NF-ResNet's scalar multipliers are part of
+    # the branch's C2.
+    for gain in ("branch_gain", "scale", "skip_gain"):
       if hasattr(layer, gain):
         norm *= abs(float(keras.ops.convert_to_numpy(getattr(layer, gain))))
+    norm *= getattr(layer, "alpha", 1.0)
     stages[stage] = max(stages.get(stage, 0.0), norm)
   return stages
 
