@@ -227,8 +227,8 @@ class ConvResidualUnit(_ConvUnitBase):
     Fixup's ResNets.
   * "skipinit_ws": "skipinit" with C1 and C2 `ScaledWSConv2D`s, their
     kernels drawn from N(0, 1/fan_in) (NF-ResNet's convolutions, Brock, De &
-    Smith, 2021, Section 4.2): the same function class, a branch whose size
-    does not depend on the kernels' and steps relative to the weights.
+    Smith, 2021, Section 4.2): the same function class, the branch's output
+    independent of its kernels' scale.
 
   `kernel_initializer="fixup"` draws C1 and C2 by that rule 2 for any
   `residual`: the plain unit then starts as exactly S.
