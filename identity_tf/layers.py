@@ -107,6 +107,15 @@ class StridedUnit(keras.layers.Layer):
             "strides": self.strides, "seed": self.seed}
 
 
+def unit_fan_in(seed=None):
+  """N(0, 1 / fan_in), truncated at 2 std with the variance kept: where the
+  kernels a `ScaledWSConv2D` standardises start (NF-ResNet's code), so that
+  a step of the rate's size is of their size (the gradient scales as
+  1 / ||W||)."""
+  return keras.initializers.VarianceScaling(
+      1.0, mode="fan_in", distribution="truncated_normal", seed=seed)
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class ScaledWSConv2D(keras.layers.Conv2D):
   """A convolution whose kernel is standardised per output channel before
@@ -234,6 +243,9 @@ class ConvResidualUnit(_ConvUnitBase):
   `residual`: the plain unit then starts as exactly S.
   """
 
+  # The residuals whose branch ends in a trained scalar `branch_gain`.
+  GAINED = ("skipinit", "skipinit_ws", "gain")
+
   def __init__(self, filters, residual="plain", num_branches=None, **kwargs):
     super().__init__(filters, **kwargs)
     if residual not in RESIDUALS:
@@ -257,16 +269,13 @@ class ConvResidualUnit(_ConvUnitBase):
               distribution="untruncated_normal", seed=self.seed))
       self.conv2 = self._conv(1, 1, "conv2", "zeros")
     elif self.residual == "skipinit_ws":
-      # Standardised kernels at unit fan-in variance: steps of the rate's
-      # size relative to them, as in NF-ResNet (the gradient scales as
-      # 1 / ||W||, so the paper's small scale would make them huge).
-      def unit_fan_in(offset):
-        return keras.initializers.VarianceScaling(
-            1.0, mode="fan_in", distribution="truncated_normal",
-            seed=None if self.seed is None else self.seed + offset)
-      self.conv1 = self._conv(self.strides, 0, "conv1", unit_fan_in(0),
+      # Not the paper's small scale: it would make the steps huge.
+      def seed(offset):
+        return None if self.seed is None else self.seed + offset
+      self.conv1 = self._conv(self.strides, 0, "conv1",
+                              unit_fan_in(seed(0)), ScaledWSConv2D)
+      self.conv2 = self._conv(1, 1, "conv2", unit_fan_in(seed(1)),
                               ScaledWSConv2D)
-      self.conv2 = self._conv(1, 1, "conv2", unit_fan_in(1), ScaledWSConv2D)
     else:
       self.conv1 = self._conv(self.strides, 0, "conv1")
       self.conv2 = self._conv(1, 1, "conv2")
@@ -281,7 +290,7 @@ class ConvResidualUnit(_ConvUnitBase):
       self.scale = self.add_weight(name="scale", initializer="ones", **scalar)
       self.bias2b = self.add_weight(name="bias2b", initializer="zeros",
                                     **scalar)
-    if self.residual in ("skipinit", "skipinit_ws", "gain"):
+    if self.residual in self.GAINED:
       self.branch_gain = self.add_weight(
           name="branch_gain", shape=(), trainable=True,
           initializer="ones" if self.residual == "gain" else "zeros")
@@ -302,7 +311,7 @@ class ConvResidualUnit(_ConvUnitBase):
       return shortcut(shifted if changes_shape else x, self.filters,
                       self.strides) + ops.cast(branch, x.dtype)
     branch = self.conv2(ops.relu(self.conv1(x)))
-    if self.residual in ("skipinit", "skipinit_ws", "gain"):
+    if self.residual in self.GAINED:
       branch = branch * ops.cast(self.branch_gain, branch.dtype)
     return shortcut(x, self.filters, self.strides) + ops.cast(branch, x.dtype)
 

@@ -67,9 +67,7 @@ class NFUnit(layers.StridedUnit):
     seed = None if self.seed is None else self.seed + offset
     return layers.ScaledWSConv2D(
         self.filters, kernel, strides=strides, padding="same", name=name,
-        kernel_initializer=keras.initializers.VarianceScaling(
-            1.0, mode="fan_in", distribution="truncated_normal", seed=seed),
-        dtype=self.dtype_policy)
+        kernel_initializer=layers.unit_fan_in(seed), dtype=self.dtype_policy)
 
   def build(self, input_shape):
     self.conv1 = self._conv(3, self.strides, 0, "conv1")
@@ -117,9 +115,7 @@ def build(arch, opts, inputs, head):
     x = layers.ScaledWSConv2D(
         architectures.scaled_channels(channels, opts.width), kernel,
         strides=stride, padding="same", use_bias=False, name=f"stem{i + 1}",
-        kernel_initializer=keras.initializers.VarianceScaling(
-            1.0, mode="fan_in", distribution="truncated_normal",
-            seed=seed + i))(x)
+        kernel_initializer=layers.unit_fan_in(seed + i))(x)
   plan = architectures.unit_plan(arch, opts)
   for number, ((name, channels, stride, _), std) in enumerate(
       zip(plan, expected_stds(plan))):
