@@ -504,6 +504,27 @@ class RunStudyTest(absltest.TestCase):
                                   "--dataset=synthetic", *args)
       self.assertEqual(result.returncode, 1)
       self.assertEqual(testing.last_stderr_line(result), line)
+    # A run of another network where an arm's run belongs (an arm
+    # redefined since it started) is refused before anything trains.
+    smoke = configs.PRESETS["smoke"]
+    other = configs.override(smoke, init="fixup")
+    foreign = os.path.join(output_dir, "lr_x10_clip", "seed0")
+    os.makedirs(foreign)
+    with open(os.path.join(foreign, "config.json"), "w") as f:
+      json.dump({"config": configs.to_dict(other),
+                 "model": {"name": "cifar10", "options": {}},
+                 "preprocessing": {}}, f)
+    result = testing.run_binary("study", "--study=smoke", "--epochs=0.2",
+                                "--dataset=synthetic",
+                                f"--output_dir={output_dir}")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(
+        testing.last_stderr_line(result),
+        f"error: [3/3] lr_x10_clip seed 0: {foreign} holds a run of another "
+        f"network than the arm's (init ('fixup' -> {smoke.init!r})); give "
+        "the study a new --output_dir, or move that run away")
+    self.assertEqual(os.listdir(output_dir), ["lr_x10_clip"])
+    shutil.rmtree(os.path.join(output_dir, "lr_x10_clip"))
     os.makedirs(os.path.join(output_dir, "smoke", "seed0"))
     result = testing.run_binary("study", "--study=smoke", "--report_only",
                                 "--dataset=synthetic", "--top1_levels=0.9234",

@@ -229,16 +229,17 @@ def _config(model_dir, description):
         f"version reads ({e}); use a new --model_dir") from None
 
 
-def check_resumable(model_dir, config):
-  """ValueError if MODEL_DIR already holds a run CONFIG cannot continue.
+def network_changes(model_dir, config):
+  """["name (old -> new)"] of each setting CONFIG changes that the run in
+  MODEL_DIR cannot continue with ([] if there is no run there).
 
   A different network (`configs.MODEL_FIELDS`) or batch size (the input
-  position is counted in batches) is refused; the optimisation may change
-  (learning rate, schedule, train steps: they take effect on resume).
+  position is counted in batches) cannot continue; the optimisation may
+  change (learning rate, schedule, train steps: they take effect on resume).
   """
   old = stored_config(model_dir)
   if old is None:
-    return
+    return []
   fixed = configs.MODEL_FIELDS + ("batch_size",)
   changed = [f"{name} ({getattr(old, name)!r} -> {getattr(config, name)!r})"
              for name in fixed if getattr(old, name) != getattr(config, name)]
@@ -249,6 +250,13 @@ def check_resumable(model_dir, config):
       old.precision != config.precision):
     changed.append(f"precision ({old.precision!r} -> "
                    f"{config.precision!r})")
+  return changed
+
+
+def check_resumable(model_dir, config):
+  """ValueError (one line) if MODEL_DIR already holds a run CONFIG cannot
+  continue (`network_changes`)."""
+  changed = network_changes(model_dir, config)
   if changed:
     raise errors.ConfigError(
         f"--model_dir={model_dir} holds a run that cannot continue with "

@@ -160,15 +160,32 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
   # pylint: enable=g-import-not-at-top
   info = tfds_data.prepared_info(dataset, data_dir)
   grid = runs_of(study, arms, seeds)
-  for number, (arm, seed) in enumerate(grid, 1):
-    config = run_config(arm, seed, dataset=dataset, epochs=epochs,
-                        width=width, precision=precision,
-                        num_train_examples=info.num_train_examples)
-    _train_run(config, model_dir_of(output_dir, arm, seed),
-               f"[{number}/{len(grid)}] {arm.name} seed {seed}", data_dir,
-               echo)
+  runs = [(run_config(arm, seed, dataset=dataset, epochs=epochs, width=width,
+                      precision=precision,
+                      num_train_examples=info.num_train_examples),
+           model_dir_of(output_dir, arm, seed),
+           f"[{number}/{len(grid)}] {arm.name} seed {seed}")
+          for number, (arm, seed) in enumerate(grid, 1)]
+  for config, model_dir, name in runs:
+    _check_same_network(config, model_dir, name)  # Before any training.
+  for config, model_dir, name in runs:
+    _train_run(config, model_dir, name, data_dir, echo)
     keras.backend.clear_session()  # Each run builds its own model.
   return collect(study, output_dir, top1_levels=top1_levels)
+
+
+def _check_same_network(config, model_dir, name):
+  """`errors.ConfigError` if MODEL_DIR holds a run of another network than
+  CONFIG's: an arm redefined since its run started (normfree's paper_best
+  was `--init=fixup`), whose finished run would be skipped and reported
+  under the new definition."""
+  from identity_tf.training import config_file  # pylint: disable=g-import-not-at-top
+  changed = config_file.network_changes(model_dir, config)
+  if changed:
+    raise errors.ConfigError(
+        f"{name}: {model_dir} holds a run of another network than the "
+        f"arm's ({', '.join(changed)}); give the study a new --output_dir, "
+        "or move that run away")
 
 
 def _train_run(config, model_dir, name, data_dir, echo):
