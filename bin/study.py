@@ -6,7 +6,9 @@
 
 Each run of the grid trains in OUTPUT_DIR/<arm>/seed<k> (a model_dir of
 //bin:train): re-running the command resumes an interrupted run and skips
-finished ones, so a study can span sessions (run it with nohup). A run that
+finished ones, so a study can span sessions (run it with nohup); a run
+directory there that holds other settings (another --epochs or --precision,
+or an arm since redefined) is refused before anything trains. A run that
 diverges is recorded with the step of its first NaN. At the end (and with
 --report_only at any time) OUTPUT_DIR gets results.json, results.md (final
 and best test top-1, NaN steps, wall time per configuration) and curves.png,

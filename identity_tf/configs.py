@@ -47,6 +47,13 @@ WEIGHT_DECAY_SCOPES = ("convolutions", "kernels", "all")
 MODEL_FIELDS = ("model", "dataset", "width", "units", "init", "head", "norm",
                 "use_bias", "seed", "residual", "projection_scale",
                 "logit_scale")
+# The fields that change how a run is carried out, logged or evaluated but
+# not what it learns: a study (`training.study`) accepts a run that differs
+# from its arm's in these alone, and refuses one that differs in any other.
+BOOKKEEPING_FIELDS = ("preset", "checkpoint_steps", "keep_checkpoints",
+                      "log_steps", "steps_per_loop", "eval_steps",
+                      "eval_at_end", "eval_batch_size", "eval_train_at_end",
+                      "strategy", "deterministic", "jit_compile")
 
 
 def _field(default, help_text):

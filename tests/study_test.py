@@ -458,6 +458,22 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(again, ["[1/2] smoke seed 0: done earlier, skipped",
                              "[2/2] huge/lr seed 0: diverged earlier, "
                              "skipped"])
+    # With another budget the runs there are not the arms' runs: refused,
+    # before anything trains, naming the budget (0.4 epochs of 10,000
+    # examples in batches of 32: 125 steps).
+    with open(os.path.join(output_dir, "smoke", "seed0",
+                           metrics.METRICS_FILE)) as f:
+      before = f.read()
+    with self.assertRaisesRegex(
+        errors.ConfigError,
+        r"^\[1/2\] smoke seed 0: .* holds a run of other settings than the "
+        r"arm's \(.*train_steps \(63 -> 125\).*\); give the study the flags "
+        r"that run was started with, a new --output_dir, or move that run "
+        r"away$"):
+      study.run_study(TINY_STUDY, output_dir, dataset="synthetic", epochs=0.4)
+    with open(os.path.join(output_dir, "smoke", "seed0",
+                           metrics.METRICS_FILE)) as f:
+      self.assertEqual(f.read(), before)
     # A command for one more seed of one arm: its report is still of every
     # run in the directory; --arms and --seeds restrict a report asked for.
     results = study.run_study(TINY_STUDY, output_dir, dataset="synthetic",
@@ -506,8 +522,10 @@ class RunStudyTest(absltest.TestCase):
       self.assertEqual(testing.last_stderr_line(result), line)
     # A run of another network where an arm's run belongs (an arm
     # redefined since it started) is refused before anything trains.
-    smoke = configs.PRESETS["smoke"]
-    other = configs.override(smoke, init="fixup")
+    [arm] = study.arms_named(configs.STUDIES["smoke"], ["lr_x10_clip"])
+    other = configs.override(
+        study.run_config(arm, 0, dataset="synthetic", epochs=0.2,
+                         num_train_examples=10_000), init="fixup")
     foreign = os.path.join(output_dir, "lr_x10_clip", "seed0")
     os.makedirs(foreign)
     with open(os.path.join(foreign, "config.json"), "w") as f:
@@ -520,9 +538,11 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(result.returncode, 1)
     self.assertEqual(
         testing.last_stderr_line(result),
-        f"error: [3/3] lr_x10_clip seed 0: {foreign} holds a run of another "
-        f"network than the arm's (init ('fixup' -> {smoke.init!r})); give "
-        "the study a new --output_dir, or move that run away")
+        f"error: [3/3] lr_x10_clip seed 0: {foreign} holds a run of other "
+        f"settings than the arm's (init ('fixup' -> "
+        f"{configs.PRESETS[arm.preset].init!r})); give the study the flags "
+        "that run was started with, a new --output_dir, or move that run "
+        "away")
     self.assertEqual(os.listdir(output_dir), ["lr_x10_clip"])
     shutil.rmtree(os.path.join(output_dir, "lr_x10_clip"))
     os.makedirs(os.path.join(output_dir, "smoke", "seed0"))

@@ -5,6 +5,7 @@ networks here are tiny members of the paper's family so that the whole file
 takes a few minutes on two CPU cores.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -230,6 +231,27 @@ class ConfigErrorTest(absltest.TestCase):
         ValueError,
         r"cannot continue with width \(0.25 -> 0.5\); use a new --model_dir"):
       config_file.check_resumable(model_dir, configs.override(config, width=0.5))
+
+  def test_a_study_accepts_only_bookkeeping_changes(self):
+    model_dir = self.create_tempdir().full_path
+    config = configs.from_preset("smoke")
+    self.assertEqual(config_file.run_changes(model_dir, config), [])
+    config_file.write(model_dir, _describe(config, SYNTHETIC))
+    # Every bookkeeping field is a field, and changing them all is accepted.
+    fields = {f.name for f in dataclasses.fields(config)}
+    self.assertContainsSubset(configs.BOOKKEEPING_FIELDS, fields)
+    self.assertEqual(config_file.run_changes(model_dir, configs.override(
+        config, preset="other", checkpoint_steps=7, log_steps=3,
+        eval_train_at_end=not config.eval_train_at_end,
+        deterministic=not config.deterministic)), [])
+    # The budget, the schedule and the precision are not bookkeeping.
+    self.assertEqual(
+        config_file.run_changes(model_dir, configs.override(
+            config, train_steps=config.train_steps + 1, nesterov=True,
+            precision="mixed_bfloat16")),
+        [f"train_steps ({config.train_steps} -> {config.train_steps + 1})",
+         "nesterov (False -> True)",
+         "precision ('float32' -> 'mixed_bfloat16')"])
 
   def test_binary_reports_bad_flags_in_one_line(self):
     model_dir = self.create_tempdir().full_path

@@ -10,6 +10,7 @@ configuration before TensorFlow loads); directories on filesystems only
 TensorFlow reads (gs://...) go through `tf.io.gfile`.
 """
 
+import dataclasses
 import json
 import os
 
@@ -251,6 +252,22 @@ def network_changes(model_dir, config):
     changed.append(f"precision ({old.precision!r} -> "
                    f"{config.precision!r})")
   return changed
+
+
+def run_changes(model_dir, config):
+  """["name (old -> new)"] of each setting, bookkeeping apart
+  (`configs.BOOKKEEPING_FIELDS`), in which CONFIG differs from the run in
+  MODEL_DIR ([] if there is no run there): that run, finished or not, is
+  not CONFIG's run. (The trainer continues a run with another schedule or
+  budget, `network_changes`; a study refuses it.)"""
+  old = stored_config(model_dir)
+  if old is None:
+    return []
+  return [f"{f.name} ({getattr(old, f.name)!r} -> "
+          f"{getattr(config, f.name)!r})"
+          for f in dataclasses.fields(config)
+          if f.name not in configs.BOOKKEEPING_FIELDS
+          and getattr(old, f.name) != getattr(config, f.name)]
 
 
 def check_resumable(model_dir, config):

@@ -167,25 +167,26 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
            f"[{number}/{len(grid)}] {arm.name} seed {seed}")
           for number, (arm, seed) in enumerate(grid, 1)]
   for config, model_dir, name in runs:
-    _check_same_network(config, model_dir, name)  # Before any training.
+    _check_same_run(config, model_dir, name)  # Before any training.
   for config, model_dir, name in runs:
     _train_run(config, model_dir, name, data_dir, echo)
     keras.backend.clear_session()  # Each run builds its own model.
   return collect(study, output_dir, top1_levels=top1_levels)
 
 
-def _check_same_network(config, model_dir, name):
-  """`errors.ConfigError` if MODEL_DIR holds a run of another network than
-  CONFIG's: an arm redefined since its run started (normfree's paper_best
-  was `--init=fixup`), whose finished run would be skipped and reported
-  under the new definition."""
+def _check_same_run(config, model_dir, name):
+  """`errors.ConfigError` if MODEL_DIR holds a run of other settings than
+  CONFIG's (`config_file.run_changes`): a finished one would be skipped and
+  reported as the arm's, an unfinished one continued under two recipes.
+  It was started with another --epochs or --precision, or its arm has been
+  redefined since (normfree's paper_best was `--init=fixup`)."""
   from identity_tf.training import config_file  # pylint: disable=g-import-not-at-top
-  changed = config_file.network_changes(model_dir, config)
+  changed = config_file.run_changes(model_dir, config)
   if changed:
     raise errors.ConfigError(
-        f"{name}: {model_dir} holds a run of another network than the "
-        f"arm's ({', '.join(changed)}); give the study a new --output_dir, "
-        "or move that run away")
+        f"{name}: {model_dir} holds a run of other settings than the "
+        f"arm's ({', '.join(changed)}); give the study the flags that run "
+        "was started with, a new --output_dir, or move that run away")
 
 
 def _train_run(config, model_dir, name, data_dir, echo):
