@@ -649,6 +649,22 @@ STUDIES = {
             Arm("skipinit_ws_unclipped", _LITERAL,
                 (("residual", "skipinit_ws"),),
                 description="the same without clipping"),
+            # With every branch off and the stem at the paper's small scale
+            # the logits start near 0 and skipinit_ws stays at chance for
+            # its first 100 steps (batch norm's loss is 0.88 at step 100):
+            # whether a larger stem or larger logits shorten that start.
+            # The stem is not a residual unit: its scale is not the paper's
+            # identity parametrisation.
+            Arm("skipinit_ws+standard_stem", "cifar10_paper",
+                (("residual", "skipinit_ws"), ("init", "standard")),
+                description="clipped, C1 and C2 scaled-weight-standardised, "
+                            "a trained branch gain from 0, the stem drawn "
+                            "at std 1/(k sqrt(c)) instead of 1/(k^2 c)"),
+            Arm("logit_scale_4+skipinit_ws", "cifar10_paper",
+                (("logit_scale", 4.0), ("residual", "skipinit_ws")),
+                description="clipped, C1 and C2 scaled-weight-standardised, "
+                            "a trained branch gain from 0, the frozen "
+                            "projection's entries times 4"),
             Arm("nesterov_cosine+skipinit_ws", "cifar10_paper",
                 _COSINE + (("residual", "skipinit_ws"),),
                 description="clipped, Nesterov momentum, cosine decay, C1 "
