@@ -237,7 +237,7 @@ class ConfigErrorTest(absltest.TestCase):
     config = configs.from_preset("smoke")
     self.assertEqual(config_file.run_changes(model_dir, config), [])
     config_file.write(model_dir, _describe(config, SYNTHETIC))
-    # Every bookkeeping field is a field, and changing them all is accepted.
+    # Every bookkeeping field is a field, and changing them is accepted.
     fields = {f.name for f in dataclasses.fields(config)}
     self.assertContainsSubset(configs.BOOKKEEPING_FIELDS, fields)
     self.assertEqual(config_file.run_changes(model_dir, configs.override(
