@@ -241,16 +241,12 @@ def network_changes(model_dir, config):
   old = stored_config(model_dir)
   if old is None:
     return []
-  fixed = configs.MODEL_FIELDS + ("batch_size",)
-  changed = [f"{name} ({getattr(old, name)!r} -> {getattr(config, name)!r})"
-             for name in fixed if getattr(old, name) != getattr(config, name)]
+  changed = _differences(old, config, configs.MODEL_FIELDS + ("batch_size",))
   # Loss scaling adds the scale to the optimizer's checkpoint: a run goes
   # in or out of mixed_float16 only from a new model_dir (float32 and
   # mixed_bfloat16 hold the same variables and may be switched).
-  if "mixed_float16" in (old.precision, config.precision) and (
-      old.precision != config.precision):
-    changed.append(f"precision ({old.precision!r} -> "
-                   f"{config.precision!r})")
+  if "mixed_float16" in (old.precision, config.precision):
+    changed += _differences(old, config, ("precision",))
   return changed
 
 
@@ -263,11 +259,15 @@ def run_changes(model_dir, config):
   old = stored_config(model_dir)
   if old is None:
     return []
-  return [f"{f.name} ({getattr(old, f.name)!r} -> "
-          f"{getattr(config, f.name)!r})"
-          for f in dataclasses.fields(config)
-          if f.name not in configs.BOOKKEEPING_FIELDS
-          and getattr(old, f.name) != getattr(config, f.name)]
+  return _differences(old, config,
+                      [f.name for f in dataclasses.fields(config)
+                       if f.name not in configs.BOOKKEEPING_FIELDS])
+
+
+def _differences(old, new, names):
+  """["name (old -> new)"] of each of NAMES in which two Configs differ."""
+  return [f"{name} ({getattr(old, name)!r} -> {getattr(new, name)!r})"
+          for name in names if getattr(old, name) != getattr(new, name)]
 
 
 def check_resumable(model_dir, config):
