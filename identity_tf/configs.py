@@ -670,6 +670,22 @@ STUDIES = {
                 description="clipped, Nesterov momentum, cosine decay, C1 "
                             "and C2 scaled-weight-standardised, a trained "
                             "branch gain from 0"),
+            # The two shorter starts of the 3-epoch screen under the
+            # schedule that brought skipinit_ws closest to batch norm
+            # (compare with resnet_bn_cosine).
+            Arm("nesterov_cosine+logit_scale_4+skipinit_ws", "cifar10_paper",
+                _COSINE + (("logit_scale", 4.0),
+                           ("residual", "skipinit_ws")),
+                description="clipped, Nesterov momentum, cosine decay, C1 "
+                            "and C2 scaled-weight-standardised, a trained "
+                            "branch gain from 0, the frozen projection's "
+                            "entries times 4"),
+            Arm("nesterov_cosine+logit_scale_4+skipinit_ws+standard_stem",
+                "cifar10_paper",
+                _COSINE + (("logit_scale", 4.0),
+                           ("residual", "skipinit_ws"), ("init", "standard")),
+                description="the same with the stem drawn at std "
+                            "1/(k sqrt(c)) instead of 1/(k^2 c)"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 description="the batch-norm baseline, the paper's recipe"),
         )),
