@@ -714,6 +714,21 @@ STUDIES = {
                             "decay, C1 and C2 scaled-weight-standardised, a "
                             "trained branch gain from 0, the frozen "
                             "projection's entries times 4"),
+            # Batch norm's shift is a trained bias per channel before every
+            # ReLU; the paper's convolutions have none (--use_bias adds them
+            # to every convolution, the stem's too). Biases from 0 keep
+            # each unit the identity at initialisation and make it the
+            # convolutional form of the paper's dense unit, h + V ReLU(U h +
+            # b) (Section 3).
+            Arm("nesterov_cosine+logit_scale_4+skipinit_ws+bias",
+                "cifar10_paper",
+                _COSINE + (("logit_scale", 4.0),
+                           ("residual", "skipinit_ws"), ("use_bias", True)),
+                description="clipped, Nesterov momentum, cosine decay, C1 "
+                            "and C2 scaled-weight-standardised, a trained "
+                            "branch gain from 0, the frozen projection's "
+                            "entries times 4, every convolution with a "
+                            "trained bias from 0"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 description="the batch-norm baseline, the paper's recipe"),
         )),

@@ -108,7 +108,8 @@ def reference_branch(x, unit, kernel=lambda layer: np.asarray(layer.kernel)):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def conv(inputs, layer, strides):
-    return tf.nn.conv2d(inputs, kernel(layer), strides, "SAME")
+    out = tf.nn.conv2d(inputs, kernel(layer), strides, "SAME")
+    return out + np.asarray(layer.bias) if layer.use_bias else out
   return conv(tf.nn.relu(conv(x, unit.conv1, unit.strides)), unit.conv2, 1)
 
 
@@ -151,6 +152,25 @@ class StabiliserTest(absltest.TestCase):
       # The branch does not depend on the kernels' scale.
       unit.conv2.kernel.assign(np.asarray(unit.conv2.kernel) * 5 + 0.3)
       reference = reference_branch(x, unit, kernel=standardised)
+      np.testing.assert_allclose(
+          unit(x), numpy_shortcut(x, c_out, stride) +
+          0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
+
+  def test_skipinit_ws_with_biases_starts_at_identity_and_adds_them(self):
+    # C2(ReLU(C1 x + b1)) + b2: the biases start at 0, the gain at 0.
+    rng = np.random.default_rng(15)
+    x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
+    for c_out, stride in [(4, 1), (8, 2)]:
+      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=7,
+                                     residual="skipinit_ws", use_bias=True)
+      np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
+                                 rtol=1e-6, atol=1e-6)
+      self.assertEqual(np.abs(np.asarray(unit.conv1.bias)).max(), 0)
+      unit.branch_gain.assign(0.7)
+      for conv in (unit.conv1, unit.conv2):
+        conv.bias.assign(rng.normal(size=c_out).astype("float32"))
+      reference = reference_branch(
+          x, unit, kernel=lambda layer: np.asarray(layer.standardized_kernel()))
       np.testing.assert_allclose(
           unit(x), numpy_shortcut(x, c_out, stride) +
           0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
@@ -208,6 +228,7 @@ class StabiliserTest(absltest.TestCase):
         "float32")
     for options in (dict(residual="skipinit"), dict(residual="fixup"),
                     dict(residual="skipinit_ws"),
+                    dict(residual="skipinit_ws", use_bias=True),
                     dict(projection_scale="features")):
       model = tiny(units=2, **options)
       for weight in model.trainable_weights:  # Off the initial values.
