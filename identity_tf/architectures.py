@@ -34,10 +34,13 @@ INIT_SCHEMES = ("paper", "standard", "fixup")
 #             by L^(-1/2) for L branches;
 #   skipinit_ws  skipinit with C1 and C2 Scaled-Weight-Standardised (NF-
 #             ResNet's convolutions, Brock, De & Smith 2021), drawn at unit
-#             fan-in variance whatever the init scheme (it sets the stem's).
+#             fan-in variance whatever the init scheme (it sets the stem's);
+#   skipinit_ws_small  the same with C1 and C2 drawn at the paper's small
+#             scale, std 1/(k^2 c), as the batch-norm baseline's kernels are.
 # These parametrise the paper's unit; the methods' own networks are the
 # PEERS below.
-RESIDUALS = ("plain", "skipinit", "gain", "fixup", "skipinit_ws")
+RESIDUALS = ("plain", "skipinit", "gain", "fixup", "skipinit_ws",
+             "skipinit_ws_small")
 # The scale of `layers.RandomProjection`'s entries: N(0, 1/classes) (the
 # norm of the features is kept) or N(0, 1/d) (each logit has the variance of
 # one feature, the 2016 resnet's unit-scaling initialiser for its last
@@ -202,9 +205,10 @@ def complete_options(name, **options):
   _check(opts["residual"] in RESIDUALS,
          f"unknown residual {opts['residual']!r}; valid: "
          f"{', '.join(RESIDUALS)}")
-  _check(not (opts["residual"] == "skipinit_ws" and opts["init"] == "fixup"),
-         "residual skipinit_ws standardises C1 and C2, which init fixup "
-         "would set to zero; use init paper or standard")
+  _check(not (opts["residual"].startswith("skipinit_ws")
+              and opts["init"] == "fixup"),
+         f"residual {opts['residual']} standardises C1 and C2, which init "
+         "fixup would set to zero; use init paper or standard")
   _check(not (opts["norm"] and opts["residual"] != "plain"),
          f"residual={opts['residual']!r} is a normalisation-free "
          "parametrisation of the identity unit; it does not combine with "

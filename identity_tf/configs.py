@@ -106,8 +106,9 @@ class Config:
                          "trained scalar gain from 0; gain: from 1; fixup: "
                          "Fixup's scalars and initialisation; skipinit_ws: "
                          "skipinit with C1 and C2 scaled-weight-"
-                         "standardised, NF-ResNet's convolutions; default "
-                         "plain).")
+                         "standardised, NF-ResNet's convolutions; "
+                         "skipinit_ws_small: the same with C1 and C2 drawn "
+                         "at the paper's scale; default plain).")
   projection_scale: str = _field(
       None, "Variance of the random projection's entries: classes "
       "(1/classes, the default) or features (1/d).")
@@ -729,6 +730,29 @@ STUDIES = {
                             "branch gain from 0, the frozen projection's "
                             "entries times 4, every convolution with a "
                             "trained bias from 0"),
+            # Every change above follows one curve after 1 000 steps. Batch
+            # norm's network draws its kernels at the paper's small scale
+            # and is not clipped: the kernels a batch norm follows turn
+            # fast while they are small and slow down as they grow. The
+            # standardised kernels drawn as small do the same; without the
+            # clip (after a warm-up), as batch norm trains, or with it.
+            Arm("warmup+nesterov_cosine+logit_scale_4+skipinit_ws_small"
+                "_unclipped", _LITERAL,
+                (("warmup_steps", 469),) + _COSINE + (
+                    ("logit_scale", 4.0), ("residual", "skipinit_ws_small")),
+                description="unclipped, warmed up over 469 steps, Nesterov "
+                            "momentum, cosine decay, C1 and C2 "
+                            "scaled-weight-standardised and drawn at std "
+                            "1/(k^2 c), a trained branch gain from 0, the "
+                            "frozen projection's entries times 4"),
+            Arm("nesterov_cosine+logit_scale_4+skipinit_ws_small",
+                "cifar10_paper",
+                _COSINE + (("logit_scale", 4.0),
+                           ("residual", "skipinit_ws_small")),
+                description="clipped, Nesterov momentum, cosine decay, C1 "
+                            "and C2 scaled-weight-standardised and drawn at "
+                            "std 1/(k^2 c), a trained branch gain from 0, the "
+                            "frozen projection's entries times 4"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 description="the batch-norm baseline, the paper's recipe"),
         )),

@@ -238,13 +238,19 @@ class ConvResidualUnit(_ConvUnitBase):
     kernels drawn from N(0, 1/fan_in) (NF-ResNet's convolutions, Brock, De &
     Smith, 2021, Section 4.2): the same function class, the branch's output
     independent of its kernels' scale.
+  * "skipinit_ws_small": "skipinit_ws" with C1 and C2 drawn at the paper's
+    scale, std 1/(k^2 c), as the batch-norm baseline's kernels are: the
+    same function at initialisation up to the draw, but a gradient step
+    changes a small kernel's direction more (the gradient scales as
+    1/||W||, the step's angle as 1/||W||^2), as batch norm makes it for
+    the small kernels before it.
 
   `kernel_initializer="fixup"` draws C1 and C2 by that rule 2 for any
   `residual`: the plain unit then starts as exactly S.
   """
 
   # The residuals whose branch ends in a trained scalar `branch_gain`.
-  GAINED = ("skipinit", "skipinit_ws", "gain")
+  GAINED = ("skipinit", "skipinit_ws", "skipinit_ws_small", "gain")
 
   def __init__(self, filters, residual="plain", num_branches=None, **kwargs):
     super().__init__(filters, **kwargs)
@@ -269,13 +275,17 @@ class ConvResidualUnit(_ConvUnitBase):
               distribution="untruncated_normal", seed=self.seed))
       self.conv2 = self._conv(1, 1, "conv2", "zeros")
     elif self.residual == "skipinit_ws":
-      # Not the paper's small scale: it would make the steps huge.
+      # NF-ResNet's scale: a step of the rate's size is of the kernels'.
       def seed(offset):
         return None if self.seed is None else self.seed + offset
       self.conv1 = self._conv(self.strides, 0, "conv1",
                               unit_fan_in(seed(0)), ScaledWSConv2D)
       self.conv2 = self._conv(1, 1, "conv2", unit_fan_in(seed(1)),
                               ScaledWSConv2D)
+    elif self.residual == "skipinit_ws_small":
+      self.conv1 = self._conv(self.strides, 0, "conv1", "paper",
+                              ScaledWSConv2D)
+      self.conv2 = self._conv(1, 1, "conv2", "paper", ScaledWSConv2D)
     else:
       self.conv1 = self._conv(self.strides, 0, "conv1")
       self.conv2 = self._conv(1, 1, "conv2")

@@ -156,6 +156,31 @@ class StabiliserTest(absltest.TestCase):
           unit(x), numpy_shortcut(x, c_out, stride) +
           0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
 
+  def test_skipinit_ws_small_draws_the_papers_scale_and_standardises(self):
+    rng = np.random.default_rng(16)
+    x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
+    for c_out, stride in [(4, 1), (8, 2)]:
+      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=8,
+                                     residual="skipinit_ws_small")
+      np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
+                                 rtol=1e-6, atol=1e-6)  # a = 0.
+      for conv in (unit.conv1, unit.conv2):  # Section 4: std 1/(k^2 c).
+        self.assertIsInstance(conv, layers.ScaledWSConv2D)
+        self.assertAlmostEqual(
+            np.asarray(conv.kernel).std() * 9 * c_out, 1.0, delta=0.2)
+      unit.branch_gain.assign(0.7)
+      # What it computes: the standardised kernels, not the small ones.
+      w = [np.asarray(c.kernel, np.float64) for c in (unit.conv1, unit.conv2)]
+      standard = [(k - k.mean(axis=(0, 1, 2))) / (
+          k.std(axis=(0, 1, 2)) * math.sqrt(np.prod(k.shape[:-1])))
+                  for k in w]
+      by_layer = {id(unit.conv1): standard[0], id(unit.conv2): standard[1]}
+      reference = reference_branch(
+          x, unit, kernel=lambda layer: by_layer[id(layer)].astype("float32"))
+      np.testing.assert_allclose(
+          unit(x), numpy_shortcut(x, c_out, stride) +
+          0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
+
   def test_skipinit_ws_with_biases_starts_at_identity_and_adds_them(self):
     # C2(ReLU(C1 x + b1)) + b2: the biases start at 0, the gain at 0.
     rng = np.random.default_rng(15)
@@ -229,6 +254,7 @@ class StabiliserTest(absltest.TestCase):
     for options in (dict(residual="skipinit"), dict(residual="fixup"),
                     dict(residual="skipinit_ws"),
                     dict(residual="skipinit_ws", use_bias=True),
+                    dict(residual="skipinit_ws_small"),
                     dict(projection_scale="features")):
       model = tiny(units=2, **options)
       for weight in model.trainable_weights:  # Off the initial values.
