@@ -102,6 +102,15 @@ class ResidualUnitTest(absltest.TestCase):
       layers.ResidualInitializer("he")
 
 
+def numpy_standardised(layer):
+  """LAYER's kernel scaled-weight-standardised (Brock et al., 2021, Section
+  4.2) in NumPy: gain * (W - mean) / (std sqrt(fan_in)) per output channel."""
+  w = np.asarray(layer.kernel, np.float64)
+  fan_in = np.prod(w.shape[:-1])
+  return ((w - w.mean(axis=(0, 1, 2))) / (w.std(axis=(0, 1, 2))
+          * math.sqrt(fan_in)) * np.asarray(layer.gain)).astype("float32")
+
+
 def reference_branch(x, unit, kernel=lambda layer: np.asarray(layer.kernel)):
   """C2(ReLU(C1 x)) of a unit with tf.nn.conv2d, not Keras's Conv2D; KERNEL
   gives the kernel a convolution layer computes with."""
@@ -129,76 +138,34 @@ class StabiliserTest(absltest.TestCase):
           unit(x), numpy_shortcut(x, c_out, stride) +
           0.7 * np.asarray(reference_branch(x, unit)), rtol=1e-4, atol=1e-5)
 
-  def test_skipinit_ws_standardises_its_kernels_and_starts_at_identity(self):
+  def test_standardised_units_start_at_identity_and_standardise(self):
     rng = np.random.default_rng(14)
     x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
-
-    def standardised(layer):  # Brock et al. (2021), Section 4.2, in NumPy.
-      w = np.asarray(layer.kernel, np.float64)
-      fan_in = np.prod(w.shape[:-1])
-      return ((w - w.mean(axis=(0, 1, 2))) / (w.std(axis=(0, 1, 2))
-              * math.sqrt(fan_in)) * np.asarray(layer.gain)).astype("float32")
-    for c_out, stride in [(4, 1), (8, 2)]:
-      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=6,
-                                     residual="skipinit_ws")
-      np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
-                                 rtol=1e-6, atol=1e-6)  # a = 0.
-      # Drawn at unit fan-in variance (Keras's truncated normal keeps it).
-      self.assertAlmostEqual(
-          np.asarray(unit.conv2.kernel).std() * math.sqrt(9 * c_out), 1.0,
-          delta=0.15)
-      unit.branch_gain.assign(0.7)
-      unit.conv1.gain.assign(rng.uniform(0.5, 2, size=c_out))
-      # The branch does not depend on the kernels' scale.
-      unit.conv2.kernel.assign(np.asarray(unit.conv2.kernel) * 5 + 0.3)
-      reference = reference_branch(x, unit, kernel=standardised)
-      np.testing.assert_allclose(
-          unit(x), numpy_shortcut(x, c_out, stride) +
-          0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
-
-  def test_skipinit_ws_small_draws_the_papers_scale_and_standardises(self):
-    rng = np.random.default_rng(16)
-    x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
-    for c_out, stride in [(4, 1), (8, 2)]:
-      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=8,
-                                     residual="skipinit_ws_small")
-      np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
-                                 rtol=1e-6, atol=1e-6)  # a = 0.
-      for conv in (unit.conv1, unit.conv2):  # Section 4: std 1/(k^2 c).
-        self.assertIsInstance(conv, layers.ScaledWSConv2D)
+    # (residual, use_bias, C2's kernel std for c channels): NF-ResNet's
+    # unit fan-in variance (Keras's truncated normal keeps it), or the
+    # paper's std 1/(k^2 c) (Section 4).
+    cases = (("skipinit_ws", False, lambda c: 1 / math.sqrt(9 * c)),
+             ("skipinit_ws", True, lambda c: 1 / math.sqrt(9 * c)),
+             ("skipinit_ws_small", False, lambda c: 1 / (9 * c)))
+    for residual, use_bias, std in cases:
+      for c_out, stride in [(4, 1), (8, 2)]:
+        unit = layers.ConvResidualUnit(c_out, strides=stride, seed=6,
+                                       residual=residual, use_bias=use_bias)
+        np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
+                                   rtol=1e-6, atol=1e-6)  # a = 0, b = 0.
         self.assertAlmostEqual(
-            np.asarray(conv.kernel).std() * 9 * c_out, 1.0, delta=0.2)
-      unit.branch_gain.assign(0.7)
-      # What it computes: the standardised kernels, not the small ones.
-      w = [np.asarray(c.kernel, np.float64) for c in (unit.conv1, unit.conv2)]
-      standard = [(k - k.mean(axis=(0, 1, 2))) / (
-          k.std(axis=(0, 1, 2)) * math.sqrt(np.prod(k.shape[:-1])))
-                  for k in w]
-      by_layer = {id(unit.conv1): standard[0], id(unit.conv2): standard[1]}
-      reference = reference_branch(
-          x, unit, kernel=lambda layer: by_layer[id(layer)].astype("float32"))
-      np.testing.assert_allclose(
-          unit(x), numpy_shortcut(x, c_out, stride) +
-          0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
-
-  def test_skipinit_ws_with_biases_starts_at_identity_and_adds_them(self):
-    # C2(ReLU(C1 x + b1)) + b2: the biases start at 0, the gain at 0.
-    rng = np.random.default_rng(15)
-    x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
-    for c_out, stride in [(4, 1), (8, 2)]:
-      unit = layers.ConvResidualUnit(c_out, strides=stride, seed=7,
-                                     residual="skipinit_ws", use_bias=True)
-      np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
-                                 rtol=1e-6, atol=1e-6)
-      self.assertEqual(np.abs(np.asarray(unit.conv1.bias)).max(), 0)
-      unit.branch_gain.assign(0.7)
-      for conv in (unit.conv1, unit.conv2):
-        conv.bias.assign(rng.normal(size=c_out).astype("float32"))
-      reference = reference_branch(
-          x, unit, kernel=lambda layer: np.asarray(layer.standardized_kernel()))
-      np.testing.assert_allclose(
-          unit(x), numpy_shortcut(x, c_out, stride) +
-          0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
+            np.asarray(unit.conv2.kernel).std() / std(c_out), 1.0, delta=0.2)
+        unit.branch_gain.assign(0.7)
+        unit.conv1.gain.assign(rng.uniform(0.5, 2, size=c_out))
+        # The branch does not depend on the kernels' scale.
+        unit.conv2.kernel.assign(np.asarray(unit.conv2.kernel) * 5 + 0.3)
+        if use_bias:  # C2(ReLU(C1 x + b1)) + b2.
+          for conv in (unit.conv1, unit.conv2):
+            conv.bias.assign(rng.normal(size=c_out).astype("float32"))
+        reference = reference_branch(x, unit, kernel=numpy_standardised)
+        np.testing.assert_allclose(
+            unit(x), numpy_shortcut(x, c_out, stride) +
+            0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
 
   def test_fixup_initialisation_is_zhang_et_als(self):
     # Rule 2: C1 ~ N(0, 2 / fan_in) scaled by L^(-1/2); C2 = 0; scalars 0/1.
