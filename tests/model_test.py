@@ -141,20 +141,21 @@ class StabiliserTest(absltest.TestCase):
   def test_standardised_units_start_at_identity_and_standardise(self):
     rng = np.random.default_rng(14)
     x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
-    # (residual, use_bias, C2's kernel std for c channels): NF-ResNet's
-    # unit fan-in variance (Keras's truncated normal keeps it), or the
-    # paper's std 1/(k^2 c) (Section 4).
-    cases = (("skipinit_ws", False, lambda c: 1 / math.sqrt(9 * c)),
-             ("skipinit_ws", True, lambda c: 1 / math.sqrt(9 * c)),
-             ("skipinit_ws_small", False, lambda c: 1 / (9 * c)))
-    for residual, use_bias, std in cases:
+    # (residual, use_bias, C2's kernel std for c channels, its tolerance):
+    # NF-ResNet's unit fan-in variance (Keras's truncated normal keeps it),
+    # or the paper's std 1/(k^2 c) (Section 4).
+    cases = (("skipinit_ws", False, lambda c: 1 / math.sqrt(9 * c), 0.15),
+             ("skipinit_ws", True, lambda c: 1 / math.sqrt(9 * c), 0.15),
+             ("skipinit_ws_small", False, lambda c: 1 / (9 * c), 0.2))
+    for residual, use_bias, std, delta in cases:
       for c_out, stride in [(4, 1), (8, 2)]:
         unit = layers.ConvResidualUnit(c_out, strides=stride, seed=6,
                                        residual=residual, use_bias=use_bias)
         np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
                                    rtol=1e-6, atol=1e-6)  # a = 0, b = 0.
         self.assertAlmostEqual(
-            np.asarray(unit.conv2.kernel).std() / std(c_out), 1.0, delta=0.2)
+            np.asarray(unit.conv2.kernel).std() / std(c_out), 1.0,
+            delta=delta)
         unit.branch_gain.assign(0.7)
         unit.conv1.gain.assign(rng.uniform(0.5, 2, size=c_out))
         # The branch does not depend on the kernels' scale.
