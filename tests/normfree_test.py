@@ -319,6 +319,25 @@ class RecipeTest(absltest.TestCase):
     self.assertEqual(nf.agc_clip, 0.0)  # NF-ResNet's paper: no clipping.
     self.assertTrue(nf.nesterov)
 
+  def test_paper_best_is_the_gap_studys_runs_of_the_papers_network(self):
+    # docs/results.md reports the gap study's runs as the normfree study's
+    # paper_best, paper_ws and resnet_bn_cosine: both studies must build
+    # the same runs, and paper_best must keep the paper's network.
+    def run(study_name, arm_name):
+      [arm] = study.arms_named(study.configs.STUDIES[study_name], [arm_name])
+      return study.run_config(arm, 0, dataset="fashion_mnist", epochs=10,
+                              num_train_examples=60_000)
+    for normfree_arm, gap_arm in (
+        ("paper_best", "nesterov_cosine+logit_scale_4+skipinit_ws_small"),
+        ("paper_ws", "skipinit_ws"),
+        ("resnet_bn_cosine", "resnet_bn_cosine")):
+      with self.subTest(normfree_arm):
+        self.assertEqual(run("normfree", normfree_arm), run("gap", gap_arm))
+    best = run("normfree", "paper_best")
+    self.assertEqual(best.model, "cifar10")  # The paper's unit, no norm.
+    self.assertIn(best.head, (None, "frozen"))  # cifar10's: frozen.
+    self.assertGreater(best.grad_clip_norm, 0)  # cifar10_paper's clip.
+
 
 def _synthetic_info():
   return tfds_data.dataset_info("synthetic")
