@@ -420,10 +420,6 @@ STUDIES = {
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 seeds=(0, 1, 2),
                 description="the batch-norm baseline, the paper's recipe"),
-            Arm("resnet_bn_cosine", _LITERAL, (("model", "resnet_bn"),)
-                + _COSINE, seeds=(0, 1, 2),
-                description="the batch-norm baseline, Nesterov momentum, "
-                            "cosine decay (paper_best's schedule)"),
         )),
     # Whether 16-bit compute costs the identity parametrisation accuracy
     # (docs/results.md): the preset and the batch-norm baseline in float32
