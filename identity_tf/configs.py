@@ -773,6 +773,22 @@ STUDIES = {
                             "and C2 scaled-weight-standardised and drawn at "
                             "std 1/(k^2 c), a trained branch gain from 0, the "
                             "frozen projection's entries times 4"),
+            # At full width that configuration diverges within 50 steps
+            # (gradient norm 56 000, stage 3 first; docs/results.md) where
+            # kernels at unit fan-in train; with the gains -- the branches'
+            # and the standardised convolutions' -- at a tenth of the rate,
+            # as Fixup's recipe trains its scalars, it trains there too:
+            # whether it keeps the result at width 0.25.
+            Arm("nesterov_cosine+logit_scale_4+skipinit_ws_small+gain_lr_0.1",
+                "cifar10_paper",
+                _COSINE + (("logit_scale", 4.0),
+                           ("residual", "skipinit_ws_small"),
+                           ("bias_lr_factor", 0.1)),
+                description="clipped, Nesterov momentum, cosine decay, C1 "
+                            "and C2 scaled-weight-standardised and drawn at "
+                            "std 1/(k^2 c), a trained branch gain from 0, the "
+                            "frozen projection's entries times 4, the gains "
+                            "at a tenth of the rate"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 description="the batch-norm baseline, the paper's recipe"),
         )),
