@@ -83,7 +83,7 @@ PEERS = ("fixup", "skipinit", "nf_resnet")
 DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
                 init="paper", seed=0, image_size=None, use_bias=False,
                 residual="plain", projection_scale="classes",
-                logit_scale=1.0)
+                logit_scale=1.0, ws_init_scale=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +112,8 @@ class ModelOptions:
       of `PROJECTION_SCALES`.
     logit_scale: a fixed multiplier of the random projection's entries
       (`layers.RandomProjection`).
+    ws_init_scale: residual skipinit_ws_small's C1 and C2 are drawn at this
+      times the paper's std 1/(k^2 c) (`layers.ConvResidualUnit`).
   """
   classes: int
   width: float
@@ -125,6 +127,7 @@ class ModelOptions:
   residual: str
   projection_scale: str
   logit_scale: float
+  ws_init_scale: float
 
   def to_dict(self):
     """The JSON dict of config.json and model_info.json, units a list.
@@ -221,6 +224,13 @@ def complete_options(name, **options):
          and 0 < opts["logit_scale"] < float("inf"),
          f"logit_scale must be a positive number, got "
          f"{opts['logit_scale']!r}")
+  _check(isinstance(opts["ws_init_scale"], (int, float))
+         and 0 < opts["ws_init_scale"] < float("inf"),
+         f"ws_init_scale must be a positive number, got "
+         f"{opts['ws_init_scale']!r}")
+  _check(opts["ws_init_scale"] == 1 or opts["residual"] == "skipinit_ws_small",
+         f"ws_init_scale scales the draw of residual skipinit_ws_small's "
+         f"kernels; with residual {opts['residual']} leave it at 1")
   _check(opts["projection_scale"] in PROJECTION_SCALES,
          f"unknown projection_scale {opts['projection_scale']!r}; valid: "
          f"{', '.join(PROJECTION_SCALES)}")

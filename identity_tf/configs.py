@@ -46,7 +46,7 @@ WEIGHT_DECAY_SCOPES = ("convolutions", "kernels", "all")
 # such network, so resuming with different values is refused.
 MODEL_FIELDS = ("model", "dataset", "width", "units", "init", "head", "norm",
                 "use_bias", "seed", "residual", "projection_scale",
-                "logit_scale")
+                "logit_scale", "ws_init_scale")
 # The fields that change how a run is carried out, logged or evaluated but
 # not what it learns: a study (`training.study`) accepts a run that differs
 # from its arm's in these alone, and refuses one that differs in any other.
@@ -115,6 +115,10 @@ class Config:
   logit_scale: float = _field(
       None, "Multiplier of the random projection's entries: a fixed scale "
       "of the logits (default 1).")
+  ws_init_scale: float = _field(
+      None, "--residual=skipinit_ws_small draws C1 and C2 at this times the "
+      "paper's std 1/(k^2 c): the same function, steps turning them this "
+      "squared times slower (default 1).")
   # The data: any TFDS image-classification dataset, or "synthetic".
   dataset: str = _field("cifar10", "Dataset: synthetic (built in) or any TFDS "
                         "image-classification dataset, e.g. cifar10, "
@@ -321,7 +325,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 FLAG_GROUPS = (
     ("the network", ("model", "width", "units", "init", "head", "norm",
                      "use_bias", "seed", "residual", "projection_scale",
-                     "logit_scale")),
+                     "logit_scale", "ws_init_scale")),
     ("the data", ("dataset", "num_train_examples", "num_eval_examples",
                   "flip")),
     ("the optimiser", ("batch_size", "train_steps", "learning_rate",
@@ -800,6 +804,17 @@ STUDIES = {
                               f"adaptive gradient clipping at lambda {lam} "
                               "before the global clip")
               for lam in (0.1, 0.3)),
+            # At width 0.25 a stage's kernels of c channels start with norm
+            # 1/(3 sqrt(c)) per output channel; at full width c is 4 times
+            # larger and that norm half. Drawn at twice the paper's std the
+            # full-width kernels start as width 0.25's do, and train there
+            # (docs/results.md); what that costs at width 0.25.
+            Arm("nesterov_cosine+logit_scale_4+skipinit_ws_small+ws_init_2",
+                "cifar10_paper", _PAPER_BEST + (("ws_init_scale", 2.0),),
+                description="clipped, Nesterov momentum, cosine decay, C1 "
+                            "and C2 scaled-weight-standardised and drawn at "
+                            "std 2/(k^2 c), a trained branch gain from 0, the "
+                            "frozen projection's entries times 4"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 description="the batch-norm baseline, the paper's recipe"),
         )),
@@ -854,7 +869,7 @@ def validate(config):
       head=config.head, norm=config.norm, use_bias=config.use_bias,
       seed=config.seed, residual=config.residual,
       projection_scale=config.projection_scale,
-      logit_scale=config.logit_scale)
+      logit_scale=config.logit_scale, ws_init_scale=config.ws_init_scale)
   one_of("lr_schedule", SCHEDULES)
   one_of("weight_decay_scope", WEIGHT_DECAY_SCOPES)
   one_of("strategy", STRATEGIES)

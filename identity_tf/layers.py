@@ -38,27 +38,32 @@ class ResidualInitializer(keras.initializers.Initializer):
                                           the identity);
   * "standard": std = 1 / (k sqrt(c))    (the usual fan-out variance
                                           1/(k^2 c), He et al. without the 2).
+
+  `scale` multiplies either std (a standardised kernel's draw,
+  `ConvResidualUnit`'s `ws_init_scale`).
   """
 
   SCHEMES = ("paper", "standard")
 
-  def __init__(self, scheme="paper", seed=None):
+  def __init__(self, scheme="paper", seed=None, scale=1.0):
     if scheme not in self.SCHEMES:
       raise ValueError(
           f"unknown init scheme {scheme!r}; valid: {', '.join(self.SCHEMES)}")
     self.scheme = scheme
     self.seed = seed
+    self.scale = float(scale)
 
   def stddev(self, shape):
     fan_out = math.prod(shape[:-2]) * shape[-1] if len(shape) > 2 else shape[-1]
-    return 1.0 / fan_out if self.scheme == "paper" else 1.0 / math.sqrt(fan_out)
+    std = 1.0 / fan_out if self.scheme == "paper" else 1.0 / math.sqrt(fan_out)
+    return self.scale * std
 
   def __call__(self, shape, dtype=None):
     return keras.random.normal(
         shape, stddev=self.stddev(shape), dtype=dtype, seed=self.seed)
 
   def get_config(self):
-    return {"scheme": self.scheme, "seed": self.seed}
+    return {"scheme": self.scheme, "seed": self.seed, "scale": self.scale}
 
 
 def shortcut(x, channels, strides):
@@ -180,11 +185,11 @@ class _ConvUnitBase(StridedUnit):
     self.kernel_size = int(kernel_size)
 
   def _conv(self, strides, seed_offset, name, init=None,
-            conv_class=keras.layers.Conv2D):
+            conv_class=keras.layers.Conv2D, init_scale=1.0):
     init = init or self.kernel_initializer
     seed = None if self.seed is None else self.seed + seed_offset
     if init in ResidualInitializer.SCHEMES:
-      init = ResidualInitializer(init, seed=seed)
+      init = ResidualInitializer(init, seed=seed, scale=init_scale)
     elif isinstance(init, str):
       init = keras.initializers.get(init)
     # The unit's own dtype policy, not the global one at build time, so that
@@ -243,7 +248,9 @@ class ConvResidualUnit(_ConvUnitBase):
     same function at initialisation up to the draw, but a gradient step
     changes a small kernel's direction more (the gradient scales as
     1/||W||, the step's angle as 1/||W||^2), as batch norm makes it for
-    the small kernels before it.
+    the small kernels before it. `ws_init_scale` s draws them at
+    s/(k^2 c) instead: the same function, steps turning them s^2 times
+    slower.
 
   `kernel_initializer="fixup"` draws C1 and C2 by that rule 2 for any
   `residual`: the plain unit then starts as exactly S.
@@ -252,17 +259,23 @@ class ConvResidualUnit(_ConvUnitBase):
   # The residuals whose branch ends in a trained scalar `branch_gain`.
   GAINED = ("skipinit", "skipinit_ws", "skipinit_ws_small", "gain")
 
-  def __init__(self, filters, residual="plain", num_branches=None, **kwargs):
+  def __init__(self, filters, residual="plain", num_branches=None,
+               ws_init_scale=1.0, **kwargs):
     super().__init__(filters, **kwargs)
     if residual not in RESIDUALS:
       raise ValueError(f"unknown residual {residual!r}; valid: "
                        f"{', '.join(RESIDUALS)}")
+    if ws_init_scale != 1 and residual != "skipinit_ws_small":
+      raise ValueError("ws_init_scale scales the draw of residual "
+                       f"skipinit_ws_small's kernels; got residual "
+                       f"{residual!r}")
     if "fixup" in (residual, self.kernel_initializer) and not (
         num_branches and num_branches >= 1):
       raise ValueError("Fixup's initialisation needs num_branches >= 1, the "
                        "number of residual branches in the network")
     self.residual = residual
     self.num_branches = None if num_branches is None else int(num_branches)
+    self.ws_init_scale = float(ws_init_scale)
 
   def build(self, input_shape):
     self._check_input(input_shape)
@@ -284,8 +297,9 @@ class ConvResidualUnit(_ConvUnitBase):
                               ScaledWSConv2D)
     elif self.residual == "skipinit_ws_small":
       self.conv1 = self._conv(self.strides, 0, "conv1", "paper",
-                              ScaledWSConv2D)
-      self.conv2 = self._conv(1, 1, "conv2", "paper", ScaledWSConv2D)
+                              ScaledWSConv2D, self.ws_init_scale)
+      self.conv2 = self._conv(1, 1, "conv2", "paper", ScaledWSConv2D,
+                              self.ws_init_scale)
     else:
       self.conv1 = self._conv(self.strides, 0, "conv1")
       self.conv2 = self._conv(1, 1, "conv2")
@@ -327,7 +341,8 @@ class ConvResidualUnit(_ConvUnitBase):
 
   def get_config(self):
     return {**super().get_config(), "residual": self.residual,
-            "num_branches": self.num_branches}
+            "num_branches": self.num_branches,
+            "ws_init_scale": self.ws_init_scale}
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

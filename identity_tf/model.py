@@ -75,11 +75,12 @@ def build_model(name, precision=None, float32_stream=False, **options):
   (`architectures.HEADS`: the "frozen" random projection, "trainable", or
   a trained dense classifier drawn at "zero" or "normal"), init ("paper" or "standard",
   see `layers.ResidualInitializer`), seed (int: all initial weights and the
-  projection), image_size (int), use_bias (bool), residual ("plain",
-  "skipinit" or "fixup": `layers.ConvResidualUnit`), projection_scale
-  ("classes" or "features": `layers.RandomProjection`). Unset options (or
-  None) take the network's defaults. Raises ValueError naming the valid
-  values.
+  projection), image_size (int), use_bias (bool), residual
+  (`architectures.RESIDUALS`: `layers.ConvResidualUnit`), projection_scale
+  ("classes" or "features") and logit_scale (float: `layers.RandomProjection`),
+  ws_init_scale (float: the draw of residual "skipinit_ws_small"'s kernels).
+  Unset options (or None) take the network's defaults. Raises ValueError
+  naming the valid values.
   """
   with precision_policy(precision):
     policy = keras.config.dtype_policy()
@@ -120,7 +121,8 @@ def _paper_network(arch, opts, inputs, stream, head):
     # Fixup scales its initialisation by the number of residual branches.
     unit_class = layers.ConvResidualUnit
     unit_options = dict(residual=opts.residual,
-                        num_branches=sum(opts.units))
+                        num_branches=sum(opts.units),
+                        ws_init_scale=opts.ws_init_scale)
   for number, (name, channels, stride, _) in enumerate(
       architectures.unit_plan(arch, opts)):
     x = unit_class(

@@ -141,16 +141,18 @@ class StabiliserTest(absltest.TestCase):
   def test_standardised_units_start_at_identity_and_standardise(self):
     rng = np.random.default_rng(14)
     x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
-    # (residual, use_bias, C2's kernel std for c channels, its tolerance):
-    # NF-ResNet's unit fan-in variance (Keras's truncated normal keeps it),
-    # or the paper's std 1/(k^2 c) (Section 4).
-    cases = (("skipinit_ws", False, lambda c: 1 / math.sqrt(9 * c), 0.15),
-             ("skipinit_ws", True, lambda c: 1 / math.sqrt(9 * c), 0.15),
-             ("skipinit_ws_small", False, lambda c: 1 / (9 * c), 0.2))
-    for residual, use_bias, std, delta in cases:
+    # (residual, use_bias, ws_init_scale, C2's kernel std for c channels,
+    # its tolerance): NF-ResNet's unit fan-in variance (Keras's truncated
+    # normal keeps it), or the paper's std 1/(k^2 c) (Section 4), or twice it.
+    cases = (("skipinit_ws", False, 1, lambda c: 1 / math.sqrt(9 * c), 0.15),
+             ("skipinit_ws", True, 1, lambda c: 1 / math.sqrt(9 * c), 0.15),
+             ("skipinit_ws_small", False, 1, lambda c: 1 / (9 * c), 0.2),
+             ("skipinit_ws_small", False, 2, lambda c: 2 / (9 * c), 0.2))
+    for residual, use_bias, scale, std, delta in cases:
       for c_out, stride in [(4, 1), (8, 2)]:
         unit = layers.ConvResidualUnit(c_out, strides=stride, seed=6,
-                                       residual=residual, use_bias=use_bias)
+                                       residual=residual, use_bias=use_bias,
+                                       ws_init_scale=scale)
         np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
                                    rtol=1e-6, atol=1e-6)  # a = 0, b = 0.
         self.assertAlmostEqual(
@@ -413,7 +415,7 @@ class ModelOptionsTest(absltest.TestCase):
         "classes": 10, "head": "frozen", "image_size": 32, "init": "paper",
         "logit_scale": 1.0, "norm": False, "projection_scale": "classes",
         "residual": "plain", "seed": 0, "units": [9, 9, 9],
-        "use_bias": False, "width": 1.0})
+        "use_bias": False, "width": 1.0, "ws_init_scale": 1.0})
 
   def test_options_of_an_older_run_take_the_defaults_it_built_with(self):
     with open(os.path.join(testing.source_root(), "tests", "testdata",

@@ -260,6 +260,33 @@ class LogitScaleTest(absltest.TestCase):
       model_lib.build_model("cifar10", **TINY, logit_scale=-1.0)
 
 
+class WsInitScaleTest(absltest.TestCase):
+
+  def test_it_scales_every_standardised_draw_and_not_the_function(self):
+    def network(scale):
+      return model_lib.build_model("cifar10", **TINY,
+                                   residual="skipinit_ws_small",
+                                   ws_init_scale=scale)
+    small, large = network(1.0), network(2.0)
+    units = _units(small)
+    self.assertLen(units, 6)
+    for unit in units:
+      twin = large.get_layer(unit.name)
+      for conv in ("conv1", "conv2"):
+        np.testing.assert_allclose(
+            np.asarray(getattr(twin, conv).kernel),
+            2 * np.asarray(getattr(unit, conv).kernel), rtol=1e-6)
+      # Open every branch: a standardised kernel's output does not depend
+      # on its scale, so the two networks still compute the same function.
+      unit.branch_gain.assign(0.5)
+      twin.branch_gain.assign(0.5)
+    x = _images(4)
+    np.testing.assert_allclose(large(x), small(x), rtol=1e-4, atol=1e-5)
+    with self.assertRaisesRegex(ValueError, "ws_init_scale scales"):
+      model_lib.build_model("cifar10", **TINY, residual="skipinit_ws",
+                            ws_init_scale=2.0)
+
+
 class RecipeTest(absltest.TestCase):
 
   def test_weight_decay_scopes(self):

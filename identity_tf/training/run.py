@@ -197,7 +197,7 @@ def _model_options(config, num_classes):
       image_size=architectures.input_size(config.model),
       use_bias=config.use_bias, residual=config.residual,
       projection_scale=config.projection_scale,
-      logit_scale=config.logit_scale)
+      logit_scale=config.logit_scale, ws_init_scale=config.ws_init_scale)
   return options
 
 
