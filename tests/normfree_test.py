@@ -285,6 +285,8 @@ class WsInitScaleTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "ws_init_scale scales"):
       model_lib.build_model("cifar10", **TINY, residual="skipinit_ws",
                             ws_init_scale=2.0)
+    with self.assertRaisesRegex(ValueError, "ws_init_scale scales"):
+      layers.ConvResidualUnit(4, residual="plain", ws_init_scale=2.0)
 
 
 class RecipeTest(absltest.TestCase):
