@@ -350,14 +350,17 @@ class RecipeTest(absltest.TestCase):
 
   def test_paper_best_is_the_gap_studys_runs_of_the_papers_network(self):
     # docs/results.md reports the gap study's runs as the normfree study's
-    # paper_best, paper_ws and resnet_bn_cosine: both studies must build
-    # the same runs, and paper_best must keep the paper's network.
+    # paper_best, paper_ws_small, paper_ws and resnet_bn_cosine: both
+    # studies must build the same runs, and paper_best must keep the
+    # paper's network.
     def run(study_name, arm_name):
       [arm] = study.arms_named(study.configs.STUDIES[study_name], [arm_name])
       return study.run_config(arm, 0, dataset="fashion_mnist", epochs=10,
                               num_train_examples=60_000)
     for normfree_arm, gap_arm in (
-        ("paper_best", "nesterov_cosine+logit_scale_4+skipinit_ws_small"),
+        ("paper_best",
+         "nesterov_cosine+logit_scale_4+skipinit_ws_small+ws_init_2"),
+        ("paper_ws_small", "nesterov_cosine+logit_scale_4+skipinit_ws_small"),
         ("paper_ws", "skipinit_ws"),
         ("resnet_bn_cosine", "resnet_bn_cosine")):
       with self.subTest(normfree_arm):

@@ -180,7 +180,8 @@ def _check_same_run(config, model_dir, name):
   reported as the arm's, an unfinished one continued under two recipes.
   It was started with another --epochs or --precision, or its arm has been
   redefined since (normfree's paper_best was `--init=fixup`, then
-  `--residual=skipinit_ws`)."""
+  `--residual=skipinit_ws`, then `--residual=skipinit_ws_small` at the
+  paper's std)."""
   from identity_tf.training import config_file  # pylint: disable=g-import-not-at-top
   changed = config_file.run_changes(model_dir, config)
   if changed:
