@@ -107,7 +107,7 @@ def main(argv):
         keras_check_examples=FLAGS.keras_check_examples,
         sgd_steps=FLAGS.sgd_steps, sgd_batch_size=FLAGS.sgd_batch_size,
         sgd_learning_rate=FLAGS.sgd_learning_rate, log=cli.print_stderr,
-        emit=lambda summary: print(json.dumps(summary), flush=True))
+        emit=lambda summary: cli.print_result(json.dumps(summary)))
 
 
 def run():

@@ -61,17 +61,34 @@ flags.adopt_module_key_flags(cli)
 
 def main(argv):
   cli.begin(argv, "--model_dir=DIR")
-  from identity_tf.training import evaluation  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from identity_tf.data import tfds_data
+  from identity_tf.training import config_file
+  from identity_tf.training import evaluation
+  # pylint: enable=g-import-not-at-top
+  model_dir, data_dir = cli.path(FLAGS.model_dir), cli.path(FLAGS.data_dir)
   with cli.errors_as_exit():
-    evaluation.evaluate_run(
-        cli.path(FLAGS.model_dir), checkpoint=FLAGS.checkpoint,
-        dataset=FLAGS.dataset, data_dir=cli.path(FLAGS.data_dir),
-        batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples,
-        write_summaries=FLAGS.write_summaries, watch=FLAGS.watch,
-        watch_timeout=FLAGS.watch_timeout, watch_interval=FLAGS.watch_interval,
-        emit=lambda scores: print(json.dumps(scores, sort_keys=True),
-                                  flush=True),
-        note=cli.print_stderr)
+    try:
+      evaluation.evaluate_run(
+          model_dir, checkpoint=FLAGS.checkpoint,
+          dataset=FLAGS.dataset, data_dir=data_dir,
+          batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples,
+          write_summaries=FLAGS.write_summaries, watch=FLAGS.watch,
+          watch_timeout=FLAGS.watch_timeout,
+          watch_interval=FLAGS.watch_interval,
+          emit=lambda scores: cli.print_result(json.dumps(
+              scores, sort_keys=True)),
+          note=cli.print_stderr)
+    except tf.errors.OpError as e:
+      # A record of the dataset that cannot be read: the file and the fix.
+      stored = None if FLAGS.dataset else config_file.stored_config(
+          model_dir)
+      dataset = FLAGS.dataset or (stored.dataset if stored else None)
+      damaged = dataset and tfds_data.input_failure(e, dataset, data_dir)
+      if not damaged:
+        raise
+      raise damaged from None
 
 
 def run():

@@ -79,8 +79,9 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  cli.stop_on_signals()
-  cli.check_finite_flags()
+  # TensorFlow starts (quietly) once the subcommand and its flags are
+  # checked: commands.linear_theory.
+  cli.begin(argv, takes_arguments=True, start_tensorflow=False)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   with cli.errors_as_exit():
     linear_theory.main(argv[1:], {

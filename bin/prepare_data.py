@@ -57,6 +57,7 @@ def _stop(signum, _):
   os.write(2, f"\nerror: stopped by {signal.Signals(signum).name}; what this "
               "attempt wrote was removed: run the same command to start "
               "again\n".encode())
+  cli.remove_scratch_home()
   os._exit(128 + signum)  # pylint: disable=protected-access
 
 
@@ -72,7 +73,8 @@ def main(argv):
   signal.signal(signal.SIGINT, _stop)
   with cli.errors_as_exit():
     path = tfds_data.prepare(FLAGS.dataset, cli.path(FLAGS.data_dir),
-                             cli.path(FLAGS.source_dir), echo=print)
+                             cli.path(FLAGS.source_dir),
+                             echo=cli.print_result)
   data_dir = os.path.dirname(os.path.dirname(path))
   print(f"{FLAGS.dataset} is ready in {path}; train with "
         f"{shlex.quote(f'--dataset={FLAGS.dataset}')} "

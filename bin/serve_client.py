@@ -57,10 +57,12 @@ flags.mark_flag_as_required("model_name")
 def main(argv):
   cli.stop_on_signals()
   cli.check_finite_flags()
+  cli.check_integer_flags()
   if len(argv) < 2:
     raise SystemExit("error: no inputs; pass image files (JPEG/PNG) or .npy "
                      "arrays after the flags")
   # The client loads TensorFlow (its protos); --help and bad flags do not.
+  cli.begin(argv, takes_arguments=True)
   from identity_tf.commands import serve_client  # pylint: disable=g-import-not-at-top
   with cli.errors_as_exit():  # errors.ServingError is a ValueError.
     serve_client.predict_command(

@@ -51,7 +51,7 @@ def main(argv):
         cli.path(FLAGS.model_dir), steps=steps,
         data_dir=cli.path(FLAGS.data_dir), num_examples=FLAGS.num_examples,
         iterations=FLAGS.iterations,
-        emit=lambda values: print(json.dumps(values), flush=True),
+        emit=lambda values: cli.print_result(json.dumps(values)),
         log=cli.print_stderr)
 
 

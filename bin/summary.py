@@ -38,6 +38,17 @@ flags.DEFINE_enum("init", None, list(architectures.INIT_SCHEMES),
 flags.DEFINE_integer("image_size", None, "Input height and width.")
 flags.DEFINE_enum("residual", None, list(architectures.RESIDUALS),
                   cli.config_help("residual"))
+flags.DEFINE_enum("branch_gain", None, list(architectures.BRANCH_GAINS),
+                  cli.config_help("branch_gain"))
+flags.DEFINE_bool("weight_standardization", None,
+                  cli.config_help("weight_standardization"))
+flags.DEFINE_enum("ws_gain", None, list(architectures.WS_GAINS),
+                  cli.config_help("ws_gain"))
+flags.DEFINE_enum("branch_init", None, list(architectures.BRANCH_INITS),
+                  cli.config_help("branch_init"))
+flags.DEFINE_float("branch_init_scale", None,
+                   cli.config_help("branch_init_scale"))
+flags.DEFINE_float("logit_scale", None, cli.config_help("logit_scale"))
 flags.DEFINE_enum("projection_scale", None,
                   list(architectures.PROJECTION_SCALES),
                   cli.config_help("projection_scale"))
@@ -50,8 +61,11 @@ def model_options_from_flags():
     units = configs.parse_integers("units", units)
   return dict(classes=FLAGS.classes, width=FLAGS.width, units=units,
               norm=FLAGS.norm, head=FLAGS.head, init=FLAGS.init,
-              image_size=FLAGS.image_size, residual=FLAGS.residual,
-              projection_scale=FLAGS.projection_scale)
+              image_size=FLAGS.image_size,
+              projection_scale=FLAGS.projection_scale,
+              logit_scale=FLAGS.logit_scale,
+              **{name: getattr(FLAGS, name)
+                 for name in architectures.BRANCH_FIELDS})
 
 
 def main(argv):

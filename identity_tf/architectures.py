@@ -23,24 +23,66 @@ HEADS = ("frozen", "trainable", "zero", "normal")
 # He-normal scaled by L^(-1/2) for L units: Fixup's rule 2 (Zhang, Dauphin &
 # Ma, 2019) on the paper's unit, without Fixup's scalars.
 INIT_SCHEMES = ("paper", "standard", "fixup")
-# How a residual unit's branch is parametrised (`layers.ConvResidualUnit`):
-#   plain     x + C2(ReLU(C1 x)), the paper's unit;
-#   skipinit  x + a C2(ReLU(C1 x)) with a trainable scalar a = 0 at init
-#             (SkipInit, De & Smith 2020; ReZero, Bachlechner et al. 2020);
-#   gain      x + g C2(ReLU(C1 x)) with a trainable scalar g = 1 at init
-#             (the branch starts as small as the paper's init makes it);
-#   fixup     Fixup (Zhang, Dauphin & Ma 2019): scalar biases and a scalar
-#             multiplier in the branch, C2 = 0 and C1 He-initialised scaled
-#             by L^(-1/2) for L branches;
-#   skipinit_ws  skipinit with C1 and C2 Scaled-Weight-Standardised (NF-
-#             ResNet's convolutions, Brock, De & Smith 2021), drawn at unit
-#             fan-in variance whatever the init scheme (it sets the stem's);
-#   skipinit_ws_small  the same with C1 and C2 drawn at the paper's small
-#             scale, std 1/(k^2 c), as the batch-norm baseline's kernels are.
+# The residual unit's branch (`layers.ConvResidualUnit`), by orthogonal
+# options; every combination allowed starts as exactly the unit's shortcut
+# where `branch_gain` is "zero" or C2 is zero.
+#   residual        plain: x + C2(ReLU(C1 x)), the paper's unit; fixup:
+#                   Fixup's scalar biases and multiplier in the branch, C2 = 0
+#                   and C1 He-normal x L^-1/2 (Zhang, Dauphin & Ma, 2019).
+#   branch_gain     none; zero: x + a C2(ReLU(C1 x)), a trained scalar a = 0 at
+#                   initialisation (SkipInit, De & Smith 2020; ReZero); one:
+#                   the same from a = 1.
+#   weight_standardization  C1 and C2 scaled-weight-standardised
+#                   (`layers.ScaledWSConv2D`, NF-ResNet's convolutions, Brock,
+#                   De & Smith 2021, Section 4.2).
+#   ws_gain         trained: the standardised convolutions' per-output-channel
+#                   gain is trained from 1 (NF-ResNet's); frozen: it stays 1.
+#   branch_init     how C1 and C2 are drawn, when not as `init` draws the
+#                   stem: paper, standard (`layers.ResidualInitializer`) or
+#                   fan_in (N(0, 1/fan_in) truncated at 2 std, NF-ResNet's).
+#   branch_init_scale  C1 and C2's std times this.
 # These parametrise the paper's unit; the methods' own networks are the
 # PEERS below.
-RESIDUALS = ("plain", "skipinit", "gain", "fixup", "skipinit_ws",
-             "skipinit_ws_small")
+RESIDUALS = ("plain", "fixup")
+BRANCH_GAINS = ("none", "zero", "one")
+WS_GAINS = ("trained", "frozen")
+BRANCH_INITS = ("paper", "standard", "fan_in")
+# The options above, by name (a network's and a configuration's alike).
+BRANCH_FIELDS = ("residual", "branch_gain", "weight_standardization",
+                 "ws_gain", "branch_init", "branch_init_scale")
+# The one `residual` option of versions before these, which named
+# combinations: what each value (with its `ws_init_scale`) is now.
+LEGACY_RESIDUALS = {
+    "plain": {},
+    "skipinit": {"branch_gain": "zero"},
+    "gain": {"branch_gain": "one"},
+    "fixup": {"residual": "fixup"},
+    "skipinit_ws": {"branch_gain": "zero", "weight_standardization": True,
+                    "ws_gain": "trained", "branch_init": "fan_in"},
+    "skipinit_ws_small": {"branch_gain": "zero",
+                          "weight_standardization": True,
+                          "ws_gain": "trained", "branch_init": "paper"},
+}
+
+
+def translate_legacy(options):
+  """OPTIONS (a dict of network options or of a config.json's "config")
+  with the names of earlier versions replaced by today's: `residual` values
+  that named combinations (`LEGACY_RESIDUALS`) and `ws_init_scale` (the
+  draw of skipinit_ws_small's kernels, now `branch_init_scale`). A dict
+  that uses today's names comes back unchanged."""
+  options = dict(options)
+  scale = options.pop("ws_init_scale", None)
+  residual = options.get("residual")
+  if isinstance(residual, str) and residual not in RESIDUALS and (
+      residual in LEGACY_RESIDUALS):
+    del options["residual"]  # The plain form, today's default.
+    options.update(LEGACY_RESIDUALS[residual])
+  if scale is not None and scale != 1:
+    options["branch_init_scale"] = scale
+  return options
+
+
 # The scale of `layers.RandomProjection`'s entries: N(0, 1/classes) (the
 # norm of the features is kept) or N(0, 1/d) (each logit has the variance of
 # one feature, the 2016 resnet's unit-scaling initialiser for its last
@@ -82,8 +124,10 @@ MODELS = {
 PEERS = ("fixup", "skipinit", "nf_resnet")
 DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
                 init="paper", seed=0, image_size=None, use_bias=False,
-                residual="plain", projection_scale="classes",
-                logit_scale=1.0, ws_init_scale=1.0)
+                residual="plain", branch_gain="none",
+                weight_standardization=False, ws_gain="trained",
+                branch_init=None, branch_init_scale=1.0,
+                projection_scale="classes", logit_scale=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,14 +150,17 @@ class ModelOptions:
     seed: seeds every initial weight and the random projection.
     image_size: the height and width of the input images.
     use_bias: the convolutions have biases.
-    residual: the parametrisation of a residual unit's branch, one of
-      `RESIDUALS`.
+    residual: the form of a residual unit's branch, one of `RESIDUALS`.
+    branch_gain: a trained scalar on every branch, one of `BRANCH_GAINS`.
+    weight_standardization: C1 and C2 scaled-weight-standardised.
+    ws_gain: their per-channel gain, one of `WS_GAINS`.
+    branch_init: how C1 and C2 are drawn, one of `BRANCH_INITS`, or None:
+      as `init`.
+    branch_init_scale: C1 and C2's std times this.
     projection_scale: the variance of the random projection's entries, one
       of `PROJECTION_SCALES`.
     logit_scale: a fixed multiplier of the random projection's entries
       (`layers.RandomProjection`).
-    ws_init_scale: residual skipinit_ws_small's C1 and C2 are drawn at this
-      times the paper's std 1/(k^2 c) (`layers.ConvResidualUnit`).
   """
   classes: int
   width: float
@@ -125,9 +172,13 @@ class ModelOptions:
   image_size: int
   use_bias: bool
   residual: str
+  branch_gain: str
+  weight_standardization: bool
+  ws_gain: str
+  branch_init: str
+  branch_init_scale: float
   projection_scale: str
   logit_scale: float
-  ws_init_scale: float
 
   def to_dict(self):
     """The JSON dict of config.json and model_info.json, units a list.
@@ -140,11 +191,12 @@ class ModelOptions:
   def from_dict(cls, name, values):
     """The options of network NAME that VALUES (a `to_dict` dict) stores,
     checked by `complete_options`. An older version's config.json may lack
-    an option added since: it takes its default, the network it built."""
+    an option added since: it takes its default, the network it built; its
+    options of other names are read as today's (`translate_legacy`)."""
     _check(isinstance(values, dict),
            f"the options of model {name} must be a dict, got "
            f"{type(values).__name__}")
-    return complete_options(name, **values)[1]
+    return complete_options(name, **translate_legacy(values))[1]
 
 
 def input_size(name):
@@ -208,29 +260,15 @@ def complete_options(name, **options):
   _check(opts["residual"] in RESIDUALS,
          f"unknown residual {opts['residual']!r}; valid: "
          f"{', '.join(RESIDUALS)}")
-  _check(not (opts["residual"].startswith("skipinit_ws")
-              and opts["init"] == "fixup"),
-         f"residual {opts['residual']} standardises C1 and C2, which init "
-         "fixup would set to zero; use init paper or standard")
-  _check(not (opts["norm"] and opts["residual"] != "plain"),
-         f"residual={opts['residual']!r} is a normalisation-free "
-         "parametrisation of the identity unit; it does not combine with "
-         "norm=True (the batch-norm baseline's units)")
-  _check(name not in PEERS or (opts["residual"] == "plain"
-                               and not opts["norm"]),
-         f"model {name} is its authors' network: it takes neither "
-         "residual= nor norm= (they change the paper's unit)")
+  _check_branch(name, opts)
   _check(isinstance(opts["logit_scale"], (int, float))
          and 0 < opts["logit_scale"] < float("inf"),
          f"logit_scale must be a positive number, got "
          f"{opts['logit_scale']!r}")
-  _check(isinstance(opts["ws_init_scale"], (int, float))
-         and 0 < opts["ws_init_scale"] < float("inf"),
-         f"ws_init_scale must be a positive number, got "
-         f"{opts['ws_init_scale']!r}")
-  _check(opts["ws_init_scale"] == 1 or opts["residual"] == "skipinit_ws_small",
-         f"ws_init_scale scales the draw of residual skipinit_ws_small's "
-         f"kernels; with residual {opts['residual']} leave it at 1")
+  _check(isinstance(opts["branch_init_scale"], (int, float))
+         and 0 < opts["branch_init_scale"] < float("inf"),
+         f"branch_init_scale must be a positive number, got "
+         f"{opts['branch_init_scale']!r}")
   _check(opts["projection_scale"] in PROJECTION_SCALES,
          f"unknown projection_scale {opts['projection_scale']!r}; valid: "
          f"{', '.join(PROJECTION_SCALES)}")
@@ -238,6 +276,50 @@ def complete_options(name, **options):
   _check(opts["image_size"] >= 8,
          f"image_size must be at least 8, got {opts['image_size']}")
   return arch, ModelOptions(**opts)
+
+
+def _check_branch(name, opts):
+  """ConfigError unless OPTS' residual-branch options (`BRANCH_FIELDS`) are
+  valid values that combine with each other and with network NAME."""
+  _check(opts["branch_gain"] in BRANCH_GAINS,
+         f"unknown branch_gain {opts['branch_gain']!r}; valid: "
+         f"{', '.join(BRANCH_GAINS)}")
+  _check(opts["ws_gain"] in WS_GAINS,
+         f"unknown ws_gain {opts['ws_gain']!r}; valid: {', '.join(WS_GAINS)}")
+  _check(opts["branch_init"] is None or opts["branch_init"] in BRANCH_INITS,
+         f"unknown branch_init {opts['branch_init']!r}; valid: "
+         f"{', '.join(BRANCH_INITS)} (unset: as init)")
+  _check(isinstance(opts["weight_standardization"], bool),
+         f"weight_standardization must be true or false, got "
+         f"{opts['weight_standardization']!r}")
+  fixup = "fixup" in (opts["residual"], opts["init"])
+  # The fixup draw is a rule of its own: C2 = 0 (which a standardisation
+  # would divide by zero), C1 at He's scale over the depth.
+  _check(not (fixup and opts["weight_standardization"]),
+         "weight_standardization standardises C1 and C2, which Fixup's "
+         "draw sets to zero; use init paper or standard and residual plain")
+  _check(not (fixup and (opts["branch_init"] is not None
+                         or opts["branch_init_scale"] != 1)),
+         "branch_init and branch_init_scale change how C1 and C2 are drawn, "
+         "which Fixup's rule fixes; leave them unset with init or residual "
+         "fixup")
+  _check(not (opts["residual"] == "fixup" and opts["branch_gain"] != "none"),
+         "residual fixup has its own trained multiplier on the branch; "
+         "leave branch_gain at none")
+  _check(opts["ws_gain"] == "trained" or opts["weight_standardization"],
+         "ws_gain is the gain of the standardised convolutions: set "
+         "weight_standardization, or leave ws_gain at trained")
+  _check(opts["branch_init"] != "fan_in" or opts["weight_standardization"],
+         "branch_init fan_in is NF-ResNet's draw for standardised kernels: "
+         "set weight_standardization, or use paper or standard")
+  changed = [key for key in BRANCH_FIELDS if opts[key] != DEFAULTS[key]]
+  _check(not (opts["norm"] and changed),
+         f"{', '.join(changed)}: {'an option' if len(changed) == 1 else 'options'}"
+         " of the normalisation-free identity unit, which does not combine "
+         "with norm=True (the batch-norm baseline's units)")
+  _check(name not in PEERS or (not changed and not opts["norm"]),
+         f"model {name} is its authors' network: it takes no "
+         f"{', '.join(changed or ['norm'])} (they change the paper's unit)")
 
 
 def scaled_channels(channels, width):

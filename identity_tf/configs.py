@@ -45,8 +45,11 @@ WEIGHT_DECAY_SCOPES = ("convolutions", "kernels", "all")
 # The fields that define the network and its input; a model_dir holds one
 # such network, so resuming with different values is refused.
 MODEL_FIELDS = ("model", "dataset", "width", "units", "init", "head", "norm",
-                "use_bias", "seed", "residual", "projection_scale",
-                "logit_scale", "ws_init_scale")
+                "use_bias", "seed", *architectures.BRANCH_FIELDS,
+                "projection_scale", "logit_scale")
+# Fields of earlier versions' config.json that `from_dict` reads as today's
+# (`architectures.translate_legacy`).
+LEGACY_FIELDS = ("ws_init_scale",)
 # The fields that change how a run is carried out, logged or evaluated but
 # not what it learns: a study (`training.study`) accepts a run that differs
 # from its arm's in these alone, and refuses one that differs in any other.
@@ -101,24 +104,40 @@ class Config:
   use_bias: bool = _field(False, "Biases in the convolutions.")
   seed: int = _field(0, "Seeds the initial weights, the projection, the "
                      "data order and --mixup_alpha's mixing.")
-  residual: str = _field(None, f"Residual branch of the paper's unit: "
-                         f"{_names(architectures.RESIDUALS)} (skipinit: a "
-                         "trained scalar gain from 0; gain: from 1; fixup: "
-                         "Fixup's scalars and initialisation; skipinit_ws: "
-                         "skipinit with C1 and C2 scaled-weight-"
-                         "standardised, NF-ResNet's convolutions; "
-                         "skipinit_ws_small: the same with C1 and C2 drawn "
-                         "at the paper's scale; default plain).")
+  # The residual branch of the paper's unit, one option per change
+  # (`architectures.BRANCH_FIELDS`).
+  residual: str = _field(None, f"Form of the paper's residual branch: "
+                         f"{_names(architectures.RESIDUALS)} (plain: x + "
+                         "C2(ReLU(C1 x)); fixup: Fixup's scalar biases and "
+                         "multiplier in it, C2 = 0 and C1 He-normal x "
+                         "L^-1/2; default plain).")
+  branch_gain: str = _field(None, f"A trained scalar on every branch: "
+                            f"{_names(architectures.BRANCH_GAINS)} (zero: "
+                            "from 0, SkipInit's, each unit starts as its "
+                            "shortcut; one: from 1; default none).")
+  weight_standardization: bool = _field(
+      None, "Scaled weight standardisation of C1 and C2 (NF-ResNet's "
+      "convolutions): each output channel's kernel at zero mean and unit "
+      "fan-in variance, times a per-channel gain (default off).")
+  ws_gain: str = _field(None, f"The standardised convolutions' per-channel "
+                        f"gain: {_names(architectures.WS_GAINS)} (trained "
+                        "from 1, NF-ResNet's; frozen: kept at 1; default "
+                        "trained).")
+  branch_init: str = _field(None, f"How C1 and C2 are drawn: "
+                            f"{_names(architectures.BRANCH_INITS)} (paper: "
+                            "std 1/(k^2 c); standard: 1/(k sqrt(c)); fan_in: "
+                            "N(0, 1/fan_in), NF-ResNet's; default: as "
+                            "--init).")
+  branch_init_scale: float = _field(
+      None, "C1 and C2's std times this (default 1). Under "
+      "--weight_standardization the function is the same and a step turns "
+      "the kernels this squared times slower.")
   projection_scale: str = _field(
       None, "Variance of the random projection's entries: classes "
       "(1/classes, the default) or features (1/d).")
   logit_scale: float = _field(
       None, "Multiplier of the random projection's entries: a fixed scale "
       "of the logits (default 1).")
-  ws_init_scale: float = _field(
-      None, "--residual=skipinit_ws_small draws C1 and C2 at this times the "
-      "paper's std 1/(k^2 c): the same function, steps turning them this "
-      "squared times slower (default 1).")
   # The data: any TFDS image-classification dataset, or "synthetic".
   dataset: str = _field("cifar10", "Dataset: synthetic (built in) or any TFDS "
                         "image-classification dataset, e.g. cifar10, "
@@ -269,10 +288,11 @@ _FIXUP = Config(
 
 # De & Smith (2020), "Batch normalization biases residual blocks towards the
 # identity function in deep networks": SkipInit replaces batch norm in a
-# network trained as before, so it takes the batch-norm baseline's recipe
-# (the paper's, unclipped).
+# network trained as before. The authors publish no CIFAR recipe of their
+# own, so this is the batch-norm baseline's recipe (the paper's, unclipped)
+# with SkipInit's network, and named so.
 _SKIPINIT = dataclasses.replace(
-    _CIFAR10_LITERAL, preset="skipinit_cifar", model="skipinit")
+    _CIFAR10_LITERAL, preset="skipinit_bn_recipe", model="skipinit")
 
 # Brock, De & Smith (2021), "Characterizing signal propagation to close the
 # performance gap in unnormalized ResNets", Section 5 and Appendix: SGD with
@@ -290,7 +310,35 @@ _NF_RESNET = Config(
     train_steps=90 * _CIFAR_EPOCH,
     checkpoint_steps=1000)
 
+# Ours: the paper's unit and frozen random projection with the changes that
+# brought it level with batch norm in the same schedule on Fashion-MNIST
+# (docs/results.md). On top of cifar10_paper (its
+# network, rate, batch, weight decay and clip):
+#   * C1 and C2 scaled-weight-standardised with a trained per-output-channel
+#     gain (NF-ResNet's convolutions: Brock, De & Smith, 2021, Section 4.2),
+#   * a trained scalar gain from 0 on every branch (SkipInit: De & Smith,
+#     2020), so that every unit starts as exactly its shortcut,
+#   * C1 and C2 drawn at twice the paper's std, 2/(k^2 c): under the
+#     standardisation the same function, steps turning the kernels 4 times
+#     slower, which keeps full width from diverging,
+#   * the frozen projection's entries times 4 (a fixed scale of the logits),
+#   * NF-ResNet's schedule: Nesterov momentum and cosine decay to 0.
+# The `ablation` study removes each of these in turn.
+_CIFAR10_WS = dataclasses.replace(
+    _CIFAR10_LITERAL, preset="cifar10_ws", **STABILISER,
+    branch_gain="zero", weight_standardization=True, ws_gain="trained",
+    branch_init="paper", branch_init_scale=2.0, logit_scale=4.0, lr_schedule="cosine",
+    lr_boundaries=(), nesterov=True)
+# Its batch-norm twin: the batch-norm baseline (`resnet_bn`: pre-activation
+# units, a trained head, kernels at 1/(k sqrt(c))) in the same recipe --
+# schedule and clip alike -- so that the two differ in their network only.
+_CIFAR10_WS_BN = dataclasses.replace(
+    _CIFAR10_LITERAL, preset="cifar10_ws_bn", model="resnet_bn",
+    **STABILISER, lr_schedule="cosine", lr_boundaries=(), nesterov=True)
+
 PRESETS = {
+    "cifar10_ws": _CIFAR10_WS,
+    "cifar10_ws_bn": _CIFAR10_WS_BN,
     "cifar10_paper": dataclasses.replace(
         _CIFAR10_LITERAL, preset="cifar10_paper", **STABILISER),
     "cifar100_paper": dataclasses.replace(
@@ -314,7 +362,7 @@ PRESETS = {
         log_steps=50, steps_per_loop=50, keep_checkpoints=3,
         eval_batch_size=500, num_eval_examples=None),
     "fixup_cifar": _FIXUP,
-    "skipinit_cifar": _SKIPINIT,
+    "skipinit_bn_recipe": _SKIPINIT,
     "nf_resnet_cifar": _NF_RESNET,
 }
 
@@ -324,8 +372,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 # order (every field but `preset`, each once: tests/reliability_test.py).
 FLAG_GROUPS = (
     ("the network", ("model", "width", "units", "init", "head", "norm",
-                     "use_bias", "seed", "residual", "projection_scale",
-                     "logit_scale", "ws_init_scale")),
+                     "use_bias", "seed", *architectures.BRANCH_FIELDS,
+                     "projection_scale", "logit_scale")),
     ("the data", ("dataset", "num_train_examples", "num_eval_examples",
                   "flip")),
     ("the optimiser", ("batch_size", "train_steps", "learning_rate",
@@ -361,11 +409,14 @@ class Study:
   """A grid of configurations x seeds that //bin:study runs on one dataset.
 
   The study's budget (epochs), dataset and width are the binary's flags;
-  the presets' learning-rate boundaries are scaled to the budget.
+  the presets' learning-rate boundaries are scaled to the budget. Every
+  arm's test top-1 is compared, seed by seed, with the arm named
+  `reference` (if any): the mean difference and its 95 % interval.
   """
   name: str
   description: str
   arms: tuple
+  reference: str = None
 
 
 _LITERAL = "cifar10_paper_literal"
@@ -375,13 +426,6 @@ _CLIP = tuple(STABILISER.items())
 _WARMUP = (("warmup_steps", 1000),)
 _COSINE = (("lr_schedule", "cosine"), ("lr_boundaries", ()),
            ("nesterov", True))
-# What paper_ws_small changes in cifar10_paper: the gap study's closest
-# configuration to batch norm at width 0.25, which diverges at full width.
-_WS_SMALL = _COSINE + (("logit_scale", 4.0),
-                       ("residual", "skipinit_ws_small"))
-# What paper_best changes: the same with C1 and C2 drawn at twice the
-# paper's std, which trains at every width measured (docs/results.md).
-_PAPER_BEST = _WS_SMALL + (("ws_init_scale", 2.0),)
 
 STUDIES = {
     # Why the paper's recipe diverges on real images and what stops it
@@ -410,7 +454,7 @@ STUDIES = {
                 (("projection_scale", "features"),),
                 description="projection entries N(0, 1/d)"),
             Arm("literal+skipinit_gain", _LITERAL,
-                (("residual", "skipinit"),),
+                (("branch_gain", "zero"),),
                 description="a zero-initialised gain on every branch"),
             Arm("literal+fixup_scalars", _LITERAL, (("residual", "fixup"),),
                 description="Fixup's initialisation, scalar biases and "
@@ -460,21 +504,20 @@ STUDIES = {
                 seeds=(0, 1, 2), description="batch norm, mixed_bfloat16"),
         )),
     # Whether identity-parametrised networks can do without batch norm:
-    # the peers in their own recipes, the paper's network and the best
-    # configuration of it found by the `gap` study, and batch norm.
+    # the peers in their own recipes, the paper's network in its own and in
+    # cifar10_ws's, and batch norm in both.
     "normfree": Study(
         "normfree",
         "The normalisation-free methods in their authors' recipes, the "
-        "paper's network (clipped) and batch norm, on Table 1's widths and "
-        "depths, under one budget and augmentation.",
+        "paper's network (clipped, and cifar10_ws) and batch norm, on Table "
+        "1's widths and depths, under one budget and augmentation.",
+        reference="resnet_bn",
         arms=(
             Arm("fixup", "fixup_cifar", seeds=(0, 1, 2),
                 description="Fixup (Zhang et al., 2019), its authors' CIFAR "
                             "recipe"),
-            # On Fashion-MNIST that recipe takes one step of gradient norm
-            # over 100 when the loss first falls (step 70-80 at width
-            # 0.125), every weight grows 10-20 fold and the last stage's
-            # ReLUs die (docs/results.md): the smallest remedy, a warm-up.
+            # On Fashion-MNIST that recipe loses its units in the first
+            # epoch (docs/results.md): the smallest remedy, a warm-up.
             Arm("fixup_warmup", "fixup_cifar", (("warmup_steps", 469),),
                 seeds=(0, 1, 2),
                 description="Fixup's recipe with the rate warmed up over "
@@ -485,13 +528,13 @@ STUDIES = {
                 seeds=(0, 1, 2),
                 description="Fixup's recipe with its code's default mixup "
                             "(alpha 1)"),
-            Arm("skipinit", "skipinit_cifar",
-                description="SkipInit (De & Smith, 2020): batch norm's "
-                            "recipe, a zero gain per branch"),
-            Arm("skipinit_warmup", "skipinit_cifar",
+            Arm("skipinit", "skipinit_bn_recipe",
+                description="SkipInit (De & Smith, 2020) in batch norm's "
+                            "recipe (they publish none for CIFAR)"),
+            Arm("skipinit_warmup", "skipinit_bn_recipe",
                 (("warmup_steps", 469),), seeds=(0, 1, 2),
-                description="SkipInit with the rate warmed up over 469 "
-                            "steps"),
+                description="SkipInit in batch norm's recipe, the rate "
+                            "warmed up over 469 steps"),
             Arm("nf_resnet", "nf_resnet_cifar", seeds=(0, 1, 2),
                 description="NF-ResNet (Brock et al., 2021), its authors' "
                             "recipe"),
@@ -501,73 +544,70 @@ STUDIES = {
                             "clipping, lambda 0.04"),
             Arm("paper", "cifar10_paper", seeds=(0, 1, 2),
                 description="the paper's network, clipped (cifar10_paper)"),
-            # The best configuration that trains at every width measured
-            # (widths 0.25 and 1.0, docs/results.md): the paper's unit and
-            # frozen projection, C1 and C2 scaled-weight-standardised and
-            # drawn at twice the paper's std, a branch gain from 0,
-            # NF-ResNet's schedule, the projection's entries times 4, the
-            # clip kept. The same runs as the gap study's
-            # `nesterov_cosine+logit_scale_4+skipinit_ws_small+ws_init_2`;
-            # its batch norm is `resnet_bn_cosine`, the same schedule.
-            Arm("paper_best", "cifar10_paper", _PAPER_BEST,
-                seeds=(0, 1, 2),
-                description="the paper's network, clipped, C1 and C2 "
-                            "scaled-weight-standardised and drawn at std "
-                            "2/(k^2 c), a branch gain from 0, Nesterov "
-                            "momentum, cosine decay, the projection's "
-                            "entries times 4"),
-            # The same drawn at the paper's std: the closest to batch norm
-            # at width 0.25, but its kernels, smaller at full width, turn
-            # too fast there and it diverges within 50 steps. The gap
-            # study's `nesterov_cosine+logit_scale_4+skipinit_ws_small`.
-            # Named paper_best until it was run at full width.
-            Arm("paper_ws_small", "cifar10_paper", _WS_SMALL,
-                seeds=(0, 1, 2),
-                description="the paper's network, clipped, C1 and C2 "
-                            "scaled-weight-standardised and drawn at std "
-                            "1/(k^2 c), a branch gain from 0, Nesterov "
-                            "momentum, cosine decay, the projection's "
-                            "entries times 4"),
-            # The best in the paper's own recipe (the gap study's
-            # `skipinit_ws`). Named paper_best until skipinit_ws_small was
-            # measured.
-            Arm("paper_ws", "cifar10_paper", (("residual", "skipinit_ws"),),
-                seeds=(0, 1, 2),
-                description="the paper's network, clipped, C1 and C2 "
-                            "scaled-weight-standardised, a branch gain from "
-                            "0"),
-            # The best before them (the gap study's `fixup_init`): each unit
-            # exactly the identity (C2 = 0) but off the saddle of the small
-            # initialisation (C1 at He's scale). Named paper_best until
-            # skipinit_ws was measured.
-            Arm("paper_fixup_init", "cifar10_paper", (("init", "fixup"),),
-                seeds=(0, 1, 2),
-                description="the paper's network, clipped, C2 = 0 and C1 "
-                            "He-normal x L^-1/2"),
-            # The 3-epoch screen's best, not better at 10 epochs.
-            Arm("paper_lr_0.1", "cifar10_paper", (("learning_rate", 0.1),),
-                seeds=(0, 1, 2),
-                description="the paper's network, clipped, at rate 0.1"),
+            Arm("cifar10_ws", "cifar10_ws", seeds=(0, 1, 2),
+                description="the paper's unit and frozen projection, "
+                            "standardised, in cifar10_ws's recipe"),
             Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
                 seeds=(0, 1, 2),
                 description="the batch-norm baseline, the paper's recipe"),
-            Arm("resnet_bn_cosine", _LITERAL, (("model", "resnet_bn"),)
-                + _COSINE, seeds=(0, 1, 2),
-                description="the batch-norm baseline, Nesterov momentum, "
-                            "cosine decay (paper_best's schedule)"),
+            Arm("cifar10_ws_bn", "cifar10_ws_bn", seeds=(0, 1, 2),
+                description="the batch-norm baseline in cifar10_ws's "
+                            "recipe (cifar10_ws_bn)"),
+        )),
+    # What the paper's network needs to train like batch norm: cifar10_ws
+    # with each of its changes to cifar10_paper taken away in turn, and its
+    # batch-norm twin with and without the clip (docs/results.md, "What
+    # each change does"). One seed screens; three for every change whose
+    # removal costs more than 0.3 point.
+    "ablation": Study(
+        "ablation",
+        "cifar10_ws, each of its changes to the paper's recipe removed in "
+        "turn, and batch norm in the same recipe.",
+        reference="cifar10_ws",
+        arms=(
+            Arm("cifar10_ws", "cifar10_ws", seeds=(0, 1, 2),
+                description="the preset"),
+            Arm("cifar10_ws_bn", "cifar10_ws_bn", seeds=(0, 1, 2),
+                description="batch norm in the same recipe"),
+            Arm("ws_gain_frozen", "cifar10_ws", (("ws_gain", "frozen"),),
+                description="the standardised convolutions' per-channel "
+                            "gain kept at 1"),
+            Arm("no_weight_standardization", "cifar10_ws",
+                (("weight_standardization", False),),
+                description="C1 and C2 not standardised (still drawn at "
+                            "twice the paper's std)"),
+            Arm("no_branch_gain", "cifar10_ws", (("branch_gain", "none"),),
+                description="no scalar gain on the branches"),
+            Arm("logit_scale_1", "cifar10_ws", (("logit_scale", 1.0),),
+                description="the frozen projection at the paper's scale"),
+            Arm("paper_schedule", "cifar10_ws",
+                (("lr_schedule", "piecewise"),
+                 ("lr_boundaries", PRESETS["cifar10_paper"].lr_boundaries),
+                 ("nesterov", False)),
+                description="the paper's schedule: momentum, the rate x0.1 "
+                            "at 3/7 and 5/7 of the run"),
+            Arm("no_clip", "cifar10_ws", (("grad_clip_norm", 0.0),),
+                description="the gradient norm not clipped"),
+            Arm("paper_draw", "cifar10_ws", (("branch_init_scale", 1.0),),
+                description="C1 and C2 drawn at the paper's std"),
+            Arm("cifar10_ws_bn_no_clip", "cifar10_ws_bn",
+                (("grad_clip_norm", 0.0),),
+                description="batch norm in the same recipe, unclipped"),
         )),
     # Fixup's and SkipInit's own recipes (and a warm-up) lose their units
     # in the first epoch on Fashion-MNIST (docs/results.md): the largest
     # rate at which each trains, as their authors would tune it.
     "peer_rates": Study(
         "peer_rates",
-        "Fixup's and SkipInit's recipes at lower learning rates.",
+        "Fixup's recipe and SkipInit in batch norm's, at lower learning "
+        "rates.",
         arms=tuple(
-            Arm(f"{peer}_lr{rate:g}", f"{peer}_cifar",
+            Arm(f"{peer}_lr{rate:g}", preset,
                 (("learning_rate", rate),),
-                description=f"{peer}'s recipe at rate {rate:g}")
-            for peer, rates in (("fixup", (0.05, 0.02)),
-                                ("skipinit", (0.02, 0.01)))
+                description=f"{preset} at rate {rate:g}")
+            for peer, preset, rates in (
+                ("fixup", "fixup_cifar", (0.05, 0.02)),
+                ("skipinit", "skipinit_bn_recipe", (0.02, 0.01)))
             for rate in rates)),
     # AGC's threshold for NF-ResNet at a batch of 128 (NFNets chose 0.01 at
     # 4096 and say smaller batches tolerate larger thresholds): none is best.
@@ -581,258 +621,6 @@ STUDIES = {
                 description=f"AGC, lambda = {value:g}" if value else
                             "no clipping")
             for value in (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.0))),
-    # What makes the paper's network -- its unit and frozen projection kept
-    # -- optimise as well as batch norm: each candidate alone on top of
-    # cifar10_paper, and the changes of the recipe on both networks.
-    "gap": Study(
-        "gap",
-        "Candidates that keep the paper's unit and frozen projection, each "
-        "on top of cifar10_paper; recipe changes on both networks.",
-        arms=(
-            Arm("paper", "cifar10_paper",
-                description="cifar10_paper: the global norm clipped to 1"),
-            Arm("agc_0.04", _LITERAL, (("agc_clip", 0.04),),
-                description="unit-wise AGC (lambda 0.04) instead of the "
-                            "global clip"),
-            Arm("agc_0.16", _LITERAL, (("agc_clip", 0.16),),
-                description="unit-wise AGC (lambda 0.16) instead of the "
-                            "global clip"),
-            Arm("gain", "cifar10_paper", (("residual", "gain"),),
-                description="a trained scalar gain from 1 on every branch"),
-            # The small initialisation starts every unit at a saddle (C1 and
-            # C2 both near 0: each one's gradient is proportional to the
-            # other); C2 = 0 keeps the identity exactly while C1 at He's
-            # scale gives C2 a gradient from the first step.
-            Arm("fixup_init", "cifar10_paper", (("init", "fixup"),),
-                description="clipped, C2 = 0 and C1 He-normal x L^-1/2 "
-                            "(Fixup's rule 2 on the paper's unit)"),
-            Arm("fixup_init_unclipped", _LITERAL, (("init", "fixup"),),
-                description="the same without clipping"),
-            Arm("lr_0.1+fixup_init", "cifar10_paper",
-                (("learning_rate", 0.1), ("init", "fixup")),
-                description="clipped, rate 0.1, C2 = 0 and C1 He-normal x "
-                            "L^-1/2"),
-            # The best initialisation with what led the 3-epoch screen
-            # besides it: whether their early lead adds to it.
-            Arm("nesterov_cosine+fixup_init", "cifar10_paper",
-                _COSINE + (("init", "fixup"),),
-                description="clipped, Nesterov momentum, cosine decay, C2 = 0 "
-                            "and C1 He-normal x L^-1/2"),
-            Arm("logit_scale_4+fixup_init", "cifar10_paper",
-                (("logit_scale", 4.0), ("init", "fixup")),
-                description="clipped, the frozen projection's entries times "
-                            "4, C2 = 0 and C1 He-normal x L^-1/2"),
-            # A diagnosis, not a candidate (it gives up the paper's frozen
-            # projection): how much of the gap the fixed head accounts for.
-            Arm("trainable_head+fixup_init", "cifar10_paper",
-                (("head", "trainable"), ("init", "fixup")),
-                description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
-                            "the random projection trained (from the same "
-                            "start)"),
-            Arm("warmup+fixup_init_unclipped", _LITERAL,
-                _WARMUP + (("init", "fixup"),),
-                description="unclipped, warmed up over 1000 steps, C2 = 0 "
-                            "and C1 He-normal x L^-1/2"),
-            Arm("clip_first_epoch", _LITERAL, _CLIP + (
-                ("grad_clip_steps", 469),),
-                description="clipped during the first epoch only"),
-            Arm("logit_scale_4", "cifar10_paper", (("logit_scale", 4.0),),
-                description="clipped, the frozen projection's entries "
-                            "times 4"),
-            Arm("lr_0.1", "cifar10_paper", (("learning_rate", 0.1),),
-                description="clipped, at twice the rate"),
-            Arm("lr_0.2", "cifar10_paper", (("learning_rate", 0.2),),
-                description="clipped, at four times the rate"),
-            Arm("nesterov_cosine", "cifar10_paper", _COSINE,
-                description="clipped, Nesterov momentum, cosine decay"),
-            Arm("resnet_bn_cosine", _LITERAL, (("model", "resnet_bn"),)
-                + _COSINE,
-                description="batch norm, Nesterov momentum, cosine decay"),
-            Arm("label_smoothing+fixup_init", "cifar10_paper",
-                (("label_smoothing", 0.1), ("init", "fixup")),
-                description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
-                            "labels smoothed by 0.1"),
-            Arm("resnet_bn_label_smoothing", _LITERAL,
-                (("model", "resnet_bn"), ("label_smoothing", 0.1)),
-                description="batch norm, labels smoothed by 0.1"),
-            # Weight averaging on both networks (a horizon of about two
-            # epochs: 1 / (1 - 0.999) steps).
-            Arm("ema+fixup_init", "cifar10_paper",
-                (("ema_decay", 0.999), ("init", "fixup")),
-                description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
-                            "the weights' moving average (decay 0.999) "
-                            "evaluated"),
-            Arm("resnet_bn_ema", _LITERAL,
-                (("model", "resnet_bn"), ("ema_decay", 0.999)),
-                description="batch norm, the weights' moving average "
-                            "(decay 0.999) evaluated"),
-            # Without batch norm, weight decay only pulls the weights towards
-            # zero, the branches towards the identity (with it, it also
-            # raises the effective rate of the kernels a batch norm
-            # follows): whether that pull is what keeps the paper's
-            # training loss above batch norm's.
-            Arm("no_decay+fixup_init", "cifar10_paper",
-                (("weight_decay", 0.0), ("init", "fixup")),
-                description="clipped, C2 = 0 and C1 He-normal x L^-1/2, "
-                            "no weight decay"),
-            Arm("resnet_bn_no_decay", _LITERAL,
-                (("model", "resnet_bn"), ("weight_decay", 0.0)),
-                description="batch norm, no weight decay"),
-            # NF-ResNet, in its own recipe, reaches a training loss below
-            # batch norm's at width 0.25: whether its standardised
-            # convolutions do that for the paper's unit. A reparametrisation
-            # of C1 and C2, the unit's function class and the frozen
-            # projection kept; the branch gain from 0 keeps the identity at
-            # initialisation (standardised kernels cannot be zero).
-            Arm("skipinit_ws", "cifar10_paper",
-                (("residual", "skipinit_ws"),),
-                description="clipped, C1 and C2 scaled-weight-standardised, "
-                            "a trained branch gain from 0"),
-            Arm("skipinit_ws_unclipped", _LITERAL,
-                (("residual", "skipinit_ws"),),
-                description="the same without clipping"),
-            # With every branch off and the stem at the paper's small scale
-            # the logits start near 0 and skipinit_ws stays at chance for
-            # its first 100 steps (batch norm's loss is 0.88 at step 100):
-            # whether a larger stem or larger logits shorten that start.
-            # The stem is not a residual unit: its scale is not the paper's
-            # identity parametrisation.
-            Arm("skipinit_ws+standard_stem", "cifar10_paper",
-                (("residual", "skipinit_ws"), ("init", "standard")),
-                description="clipped, C1 and C2 scaled-weight-standardised, "
-                            "a trained branch gain from 0, the stem drawn "
-                            "at std 1/(k sqrt(c)) instead of 1/(k^2 c)"),
-            Arm("logit_scale_4+skipinit_ws", "cifar10_paper",
-                (("logit_scale", 4.0), ("residual", "skipinit_ws")),
-                description="clipped, C1 and C2 scaled-weight-standardised, "
-                            "a trained branch gain from 0, the frozen "
-                            "projection's entries times 4"),
-            Arm("nesterov_cosine+skipinit_ws", "cifar10_paper",
-                _COSINE + (("residual", "skipinit_ws"),),
-                description="clipped, Nesterov momentum, cosine decay, C1 "
-                            "and C2 scaled-weight-standardised, a trained "
-                            "branch gain from 0"),
-            # The two shorter starts of the 3-epoch screen under the
-            # schedule that brought skipinit_ws closest to batch norm
-            # (compare with resnet_bn_cosine).
-            Arm("nesterov_cosine+logit_scale_4+skipinit_ws", "cifar10_paper",
-                _COSINE + (("logit_scale", 4.0),
-                           ("residual", "skipinit_ws")),
-                description="clipped, Nesterov momentum, cosine decay, C1 "
-                            "and C2 scaled-weight-standardised, a trained "
-                            "branch gain from 0, the frozen projection's "
-                            "entries times 4"),
-            Arm("nesterov_cosine+logit_scale_4+skipinit_ws+standard_stem",
-                "cifar10_paper",
-                _COSINE + (("logit_scale", 4.0),
-                           ("residual", "skipinit_ws"), ("init", "standard")),
-                description="clipped, Nesterov momentum, cosine decay, C1 "
-                            "and C2 scaled-weight-standardised, a trained "
-                            "branch gain from 0, the frozen projection's "
-                            "entries times 4, the stem drawn at std "
-                            "1/(k sqrt(c)) instead of 1/(k^2 c)"),
-            # The closest configuration's training loss stays above batch
-            # norm's from its start (twice it over the first 500 steps)
-            # while the clip bounds its steps: its largest gradient norm per
-            # 100 steps is 24 at step 100 and 2-3 to the end, against the
-            # bound of 1 (batch norm, never clipped: 1.3-1.5 after step
-            # 500). Longer steps, two ways: no clip after a warm-up of an
-            # epoch (a standardised kernel's output does not grow with the
-            # kernel), or twice the rate under the clip.
-            Arm("warmup+nesterov_cosine+logit_scale_4+skipinit_ws_unclipped",
-                _LITERAL,
-                (("warmup_steps", 469),) + _COSINE + (
-                    ("logit_scale", 4.0), ("residual", "skipinit_ws")),
-                description="unclipped, warmed up over 469 steps, Nesterov "
-                            "momentum, cosine decay, C1 and C2 "
-                            "scaled-weight-standardised, a trained branch "
-                            "gain from 0, the frozen projection's entries "
-                            "times 4"),
-            Arm("nesterov_cosine+lr_0.1+logit_scale_4+skipinit_ws",
-                "cifar10_paper",
-                _COSINE + (("learning_rate", 0.1), ("logit_scale", 4.0),
-                           ("residual", "skipinit_ws")),
-                description="clipped, rate 0.1, Nesterov momentum, cosine "
-                            "decay, C1 and C2 scaled-weight-standardised, a "
-                            "trained branch gain from 0, the frozen "
-                            "projection's entries times 4"),
-            # Batch norm's shift is a trained bias per channel before every
-            # ReLU; the paper's convolutions have none (--use_bias adds them
-            # to every convolution, the stem's too). Biases from 0 keep
-            # each unit the identity at initialisation and make it the
-            # convolutional form of the paper's dense unit, h + V ReLU(U h +
-            # b) (Section 3).
-            Arm("nesterov_cosine+logit_scale_4+skipinit_ws+bias",
-                "cifar10_paper",
-                _COSINE + (("logit_scale", 4.0),
-                           ("residual", "skipinit_ws"), ("use_bias", True)),
-                description="clipped, Nesterov momentum, cosine decay, C1 "
-                            "and C2 scaled-weight-standardised, a trained "
-                            "branch gain from 0, the frozen projection's "
-                            "entries times 4, every convolution with a "
-                            "trained bias from 0"),
-            # Every change above follows one curve after 1 000 steps. Batch
-            # norm's network draws its kernels at the paper's small scale
-            # and is not clipped: the kernels a batch norm follows turn
-            # fast while they are small and slow down as they grow. The
-            # standardised kernels drawn as small do the same; without the
-            # clip (after a warm-up), as batch norm trains, or with it.
-            Arm("warmup+nesterov_cosine+logit_scale_4+skipinit_ws_small"
-                "_unclipped", _LITERAL,
-                (("warmup_steps", 469),) + _COSINE + (
-                    ("logit_scale", 4.0), ("residual", "skipinit_ws_small")),
-                description="unclipped, warmed up over 469 steps, Nesterov "
-                            "momentum, cosine decay, C1 and C2 "
-                            "scaled-weight-standardised and drawn at std "
-                            "1/(k^2 c), a trained branch gain from 0, the "
-                            "frozen projection's entries times 4"),
-            Arm("nesterov_cosine+logit_scale_4+skipinit_ws_small",
-                "cifar10_paper", _WS_SMALL,
-                description="clipped, Nesterov momentum, cosine decay, C1 "
-                            "and C2 scaled-weight-standardised and drawn at "
-                            "std 1/(k^2 c), a trained branch gain from 0, the "
-                            "frozen projection's entries times 4"),
-            # At full width that configuration diverges within 50 steps
-            # (gradient norm 56 000, stage 3 first; docs/results.md) where
-            # kernels at unit fan-in train; with the gains -- the branches'
-            # and the standardised convolutions' -- at a tenth of the rate,
-            # as Fixup's recipe trains its scalars, it trains there too:
-            # whether it keeps the result at width 0.25.
-            Arm("nesterov_cosine+logit_scale_4+skipinit_ws_small+gain_lr_0.1",
-                "cifar10_paper", _WS_SMALL + (("bias_lr_factor", 0.1),),
-                description="clipped, Nesterov momentum, cosine decay, C1 "
-                            "and C2 scaled-weight-standardised and drawn at "
-                            "std 1/(k^2 c), a trained branch gain from 0, the "
-                            "frozen projection's entries times 4, the gains "
-                            "at a tenth of the rate"),
-            # Slowing the gains costs a third of a point at width 0.25 (seed
-            # 0). Adaptive gradient clipping bounds instead each output
-            # channel's step relative to its kernel (Brock et al., 2021b,
-            # Section 4), the small kernels' steps that turn them; at full
-            # width it trains with lambda 0.1 or 0.3 (docs/results.md).
-            *(Arm(f"nesterov_cosine+logit_scale_4+skipinit_ws_small+agc_{lam}",
-                  "cifar10_paper", _WS_SMALL + (("agc_clip", lam),),
-                  description="clipped, Nesterov momentum, cosine decay, C1 "
-                              "and C2 scaled-weight-standardised and drawn "
-                              "at std 1/(k^2 c), a trained branch gain from "
-                              "0, the frozen projection's entries times 4, "
-                              f"adaptive gradient clipping at lambda {lam} "
-                              "before the global clip")
-              for lam in (0.1, 0.3)),
-            # At width 0.25 a stage's kernels of c channels start with norm
-            # 1/(3 sqrt(c)) per output channel; at full width c is 4 times
-            # larger and that norm half. Drawn at twice the paper's std the
-            # full-width kernels start as width 0.25's do, and train there
-            # (docs/results.md); what that costs at width 0.25.
-            Arm("nesterov_cosine+logit_scale_4+skipinit_ws_small+ws_init_2",
-                "cifar10_paper", _PAPER_BEST,
-                description="clipped, Nesterov momentum, cosine decay, C1 "
-                            "and C2 scaled-weight-standardised and drawn at "
-                            "std 2/(k^2 c), a trained branch gain from 0, the "
-                            "frozen projection's entries times 4"),
-            Arm("resnet_bn", _LITERAL, (("model", "resnet_bn"),),
-                description="the batch-norm baseline, the paper's recipe"),
-        )),
     # Minutes on two cores (synthetic data): to try the binary.
     "smoke": Study(
         "smoke", "The smoke preset as it is and with its rate raised ten "
@@ -858,6 +646,12 @@ def _non_negative(config, name):
     raise errors.ConfigError(f"--{name} must be >= 0 (0: off), got {value}")
 
 
+def branch_options(config):
+  """CONFIG's options of the residual branch (`architectures.BRANCH_FIELDS`),
+  as `architectures.complete_options` takes them."""
+  return {name: getattr(config, name) for name in architectures.BRANCH_FIELDS}
+
+
 def validate(config):
   """ValueError (one line naming the flag and the fix) if CONFIG is bad."""
   # Infinities pass every bound below (and would be written to config.json
@@ -873,6 +667,23 @@ def validate(config):
   if not 0 <= config.seed < 2**32:
     raise errors.ConfigError(f"--seed={config.seed}: must be between 0 and "
                              "2**32 - 1")
+  # Every other integer (steps, batch sizes, example counts, units, the
+  # learning-rate boundaries) reaches TensorFlow as int32 (shapes, loop
+  # counts) and the run's arithmetic (schedules, the ETA as a timedelta):
+  # one beyond int32 is no run any machine carries out, refused here and
+  # not as an OverflowError once the run has started.
+  largest = 2**31 - 1
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    numbers = value if isinstance(value, tuple) else (value,)
+    if field.name != "seed" and any(
+        isinstance(n, int) and not isinstance(n, bool) and abs(n) > largest
+        for n in numbers):
+      shown = (",".join(map(str, value)) if isinstance(value, tuple)
+               else value)
+      raise errors.ConfigError(
+          f"--{field.name}={shown} is beyond {largest} (2**31 - 1), the "
+          "largest integer a run takes; lower it")
   def one_of(name, valid, optional=False):
     value = getattr(config, name)
     if value not in valid and not (optional and value is None):
@@ -882,9 +693,9 @@ def validate(config):
   architectures.complete_options(
       config.model, width=config.width, units=config.units, init=config.init,
       head=config.head, norm=config.norm, use_bias=config.use_bias,
-      seed=config.seed, residual=config.residual,
+      seed=config.seed, **branch_options(config),
       projection_scale=config.projection_scale,
-      logit_scale=config.logit_scale, ws_init_scale=config.ws_init_scale)
+      logit_scale=config.logit_scale)
   one_of("lr_schedule", SCHEDULES)
   one_of("weight_decay_scope", WEIGHT_DECAY_SCOPES)
   one_of("strategy", STRATEGIES)
@@ -987,7 +798,10 @@ def to_dict(config):
 
 
 def from_dict(values):
-  """The Config stored by `to_dict` (extra keys, e.g. derived ones, ignored)."""
+  """The Config stored by `to_dict` (extra keys, e.g. derived ones, ignored).
+  An earlier version's names (`LEGACY_FIELDS`, `residual` values that named
+  combinations) are read as today's options."""
+  values = architectures.translate_legacy(values)
   known = {name: _coerce(name, value) if value is not None else None
            for name, value in values.items() if name in _FIELDS}
   return Config(**known)

@@ -20,13 +20,38 @@ from identity_tf import machine
 
 def check_output_file(path, flag):
   """OutputError naming FLAG (as typed) unless PATH can become a file: run
-  before the work whose result it will hold."""
+  before the work whose result it will hold. Its name must fit the
+  filesystem, and its directory must take a new file (`write_atomically`
+  writes one beside it, then renames it): tried with an empty file of the
+  temporary name's form, removed at once."""
   if os.path.isdir(path):
     raise errors.OutputError(f"{flag} is a directory; give a file path")
   parent = os.path.dirname(path) or "."
   if not os.path.isdir(parent):
     raise errors.OutputError(f"{flag}: directory {parent} does not exist; "
                              "create it or give another path")
+  name = os.path.basename(path)
+  longest = _longest_name(parent)
+  if len(os.fsencode(name)) > longest:
+    raise errors.OutputError(
+        f"{flag}: the file name is {len(os.fsencode(name))} bytes long, "
+        f"more than the {longest} its filesystem takes; give a shorter name")
+  try:
+    _probe(path)
+  except OSError as e:
+    raise errors.OutputError(
+        f"{flag}: cannot write into {parent} ({e.strerror}); make it "
+        "writable or give another path") from None
+
+
+def _probe(path):
+  """Creates and removes an empty file of the temporary name's form beside
+  PATH: OSError where a write there would fail (permissions, a read-only
+  or special filesystem, which `os.access` does not always know of)."""
+  probe = _temporary_path(path)
+  with open(probe, "x"):
+    pass
+  os.remove(probe)
 
 
 def prepare_output_dir(path, flag="--output_dir"):
@@ -37,8 +62,11 @@ def prepare_output_dir(path, flag="--output_dir"):
   except OSError as error:
     raise errors.OutputError(f"{flag}={path} cannot be created "
                              f"({error.strerror}); give a directory") from None
-  if not os.access(path, os.W_OK):
-    raise errors.OutputError(f"{flag}={path} is not writable")
+  try:
+    _probe(os.path.join(path, "probe"))
+  except OSError as error:
+    raise errors.OutputError(f"{flag}={path} is not writable "
+                             f"({error.strerror})") from None
   return path
 
 
@@ -56,9 +84,8 @@ def write_atomically(path, write, suffix=""):
   filesystem is atomic); on a local disk the directory is synced so that
   the rename survives a power cut. PATH may be a URL (gs://...): TensorFlow's
   file system then writes and renames."""
-  directory, name = os.path.split(path)
-  temporary = os.path.join(
-      directory, f"{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp{suffix}")
+  directory = os.path.dirname(path)
+  temporary = _temporary_path(path, suffix)
   url = "://" in path
   try:
     write(temporary)
@@ -70,6 +97,33 @@ def write_atomically(path, write, suffix=""):
   finally:
     if (_gfile().exists(temporary) if url else os.path.exists(temporary)):
       (_gfile().remove if url else os.remove)(temporary)
+
+
+# What a temporary name adds to the destination's: ".<pid>.<12 hex>.tmp"
+# and the writer's suffix.
+_TEMPORARY_ID_HEX = 12
+
+
+def _longest_name(directory):
+  """The longest file name, in bytes, DIRECTORY's filesystem takes."""
+  try:
+    return os.pathconf(directory, "PC_NAME_MAX")
+  except (OSError, ValueError):
+    return 255
+
+
+def _temporary_path(path, suffix=""):
+  """A temporary file's path beside PATH, unique to this write: PATH's name
+  (its end cut off where a legal name would otherwise become too long for
+  the filesystem), the process id, a random id, ".tmp" and SUFFIX. It
+  starts with PATH's name, so that a kill's leftover is recognisably its
+  (`checkpoints` reads "ckpt-40.sha256.<pid>.<id>.tmp" as step 40's)."""
+  directory, name = os.path.split(path)
+  ending = f".{os.getpid()}.{uuid.uuid4().hex[:_TEMPORARY_ID_HEX]}.tmp{suffix}"
+  room = (255 if "://" in path else _longest_name(directory or ".")) - len(
+      os.fsencode(ending))
+  kept = os.fsencode(name)[:max(room, 0)]
+  return os.path.join(directory, os.fsdecode(kept) + ending)
 
 
 def write_text_atomically(path, text):

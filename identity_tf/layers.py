@@ -40,7 +40,7 @@ class ResidualInitializer(keras.initializers.Initializer):
                                           1/(k^2 c), He et al. without the 2).
 
   `scale` multiplies either std (a standardised kernel's draw,
-  `ConvResidualUnit`'s `ws_init_scale`).
+  `ConvResidualUnit`'s `init_scale`).
   """
 
   SCHEMES = ("paper", "standard")
@@ -112,13 +112,13 @@ class StridedUnit(keras.layers.Layer):
             "strides": self.strides, "seed": self.seed}
 
 
-def unit_fan_in(seed=None):
+def unit_fan_in(seed=None, scale=1.0):
   """N(0, 1 / fan_in), truncated at 2 std with the variance kept: where the
   kernels a `ScaledWSConv2D` standardises start (NF-ResNet's code), so that
   a step of the rate's size is of their size (the gradient scales as
-  1 / ||W||)."""
+  1 / ||W||). SCALE multiplies the std."""
   return keras.initializers.VarianceScaling(
-      1.0, mode="fan_in", distribution="truncated_normal", seed=seed)
+      scale ** 2, mode="fan_in", distribution="truncated_normal", seed=seed)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -127,13 +127,26 @@ class ScaledWSConv2D(keras.layers.Conv2D):
   use: gain * (W - mean) / sqrt(max(var * fan_in, 1e-4)), the gain a
   trained vector from 1 (Scaled Weight Standardisation: Brock, De & Smith,
   2021, Section 4.2). NF-ResNet's convolutions (`peers.nf_resnet`) and the
-  "skipinit_ws" branch of `ConvResidualUnit`. The function it computes does
-  not depend on the kernel's scale; its gradient does, as 1 / ||W||."""
+  standardised branch of `ConvResidualUnit`. The function it computes does
+  not depend on the kernel's scale; its gradient does, as 1 / ||W||.
+
+  `gain_trainable=False` keeps the gain at 1: standardisation without the
+  per-channel scale, which is batch norm's gamma in all but its place.
+  The gain is a weight either way, so checkpoints hold the same variables.
+  """
+
+  def __init__(self, *args, gain_trainable=True, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.gain_trainable = bool(gain_trainable)
 
   def build(self, input_shape):
     super().build(input_shape)
     self.gain = self.add_weight(name="gain", shape=(self.filters,),
-                                initializer="ones")
+                                initializer="ones",
+                                trainable=self.gain_trainable)
+
+  def get_config(self):
+    return {**super().get_config(), "gain_trainable": self.gain_trainable}
 
   def standardized_kernel(self):
     # Under mixed precision the kernel arrives rounded to 16 bits; the
@@ -185,11 +198,13 @@ class _ConvUnitBase(StridedUnit):
     self.kernel_size = int(kernel_size)
 
   def _conv(self, strides, seed_offset, name, init=None,
-            conv_class=keras.layers.Conv2D, init_scale=1.0):
+            conv_class=keras.layers.Conv2D, init_scale=1.0, **kwargs):
     init = init or self.kernel_initializer
     seed = None if self.seed is None else self.seed + seed_offset
     if init in ResidualInitializer.SCHEMES:
       init = ResidualInitializer(init, seed=seed, scale=init_scale)
+    elif init == "fan_in":
+      init = unit_fan_in(seed, init_scale)
     elif isinstance(init, str):
       init = keras.initializers.get(init)
     # The unit's own dtype policy, not the global one at build time, so that
@@ -197,7 +212,7 @@ class _ConvUnitBase(StridedUnit):
     return conv_class(
         self.filters, self.kernel_size, strides=strides, padding="same",
         use_bias=self.use_bias, kernel_initializer=init, name=name,
-        dtype=self.branch_dtype or self.dtype_policy)
+        dtype=self.branch_dtype or self.dtype_policy, **kwargs)
 
   def get_config(self):
     init = self.kernel_initializer
@@ -225,57 +240,64 @@ class ConvResidualUnit(_ConvUnitBase):
   kept). No normalisation anywhere; biases only if `use_bias`. With C2 = 0 the
   unit is exactly S: the identity parametrization of Section 4.
 
-  `residual` re-parametrises the branch with one of the normalisation-free
-  stabilisers that came after the paper (all start as exactly the identity
-  unit, as the paper's does when C2 = 0):
+  The options re-parametrise the branch with the normalisation-free
+  stabilisers that came after the paper, each on its own (the network's
+  options of the same names, `architectures`):
 
-  * "skipinit": S(x) + a C2(ReLU(C1 x)), a scalar `branch_gain` a = 0 at
-    initialisation and trained (De & Smith, 2020, Section 4; ReZero).
-  * "gain": the same with a = 1 at initialisation: the branch starts as
-    small as the initialisation makes it, and one scalar can rescale it.
-  * "fixup": S(x + b1) + s C2(ReLU(C1(x + b1) + b2) + b3) + b4 with trained
-    scalars b1..b4 = 0 and s = 1 (Zhang, Dauphin & Ma, 2019, Section 3,
-    rule 3), C2 = 0 and C1 drawn from He et al.'s N(0, 2/fan_in) scaled by
-    L^(-1/(2m-2)) = L^(-1/2) for L = `num_branches` residual branches of
-    m = 2 layers (rule 2). Where the shape is kept S(x + b1) is x, as in
-    Fixup's ResNets.
-  * "skipinit_ws": "skipinit" with C1 and C2 `ScaledWSConv2D`s, their
-    kernels drawn from N(0, 1/fan_in) (NF-ResNet's convolutions, Brock, De &
-    Smith, 2021, Section 4.2): the same function class, the branch's output
-    independent of its kernels' scale.
-  * "skipinit_ws_small": "skipinit_ws" with C1 and C2 drawn at the paper's
-    scale, std 1/(k^2 c), as the batch-norm baseline's kernels are: the
-    same function at initialisation up to the draw, but a gradient step
-    changes a small kernel's direction more (the gradient scales as
-    1/||W||, the step's angle as 1/||W||^2), as batch norm makes it for
-    the small kernels before it. `ws_init_scale` s draws them at
-    s/(k^2 c) instead: the same function, steps turning them s^2 times
+  * `residual="fixup"`: S(x + b1) + s C2(ReLU(C1(x + b1) + b2) + b3) + b4
+    with trained scalars b1..b4 = 0 and s = 1 (Zhang, Dauphin & Ma, 2019,
+    Section 3, rule 3), C2 = 0 and C1 drawn from He et al.'s N(0, 2/fan_in)
+    scaled by L^(-1/(2m-2)) = L^(-1/2) for L = `num_branches` residual
+    branches of m = 2 layers (rule 2). Where the shape is kept S(x + b1) is
+    x, as in Fixup's ResNets.
+  * `branch_gain`: S(x) + a C2(ReLU(C1 x)) with a trained scalar
+    `branch_gain` a, from 0 ("zero": SkipInit, De & Smith, 2020, Section 4;
+    ReZero) -- the unit starts as exactly S -- or from 1 ("one").
+  * `weight_standardization`: C1 and C2 are `ScaledWSConv2D`s (NF-ResNet's
+    convolutions, Brock, De & Smith, 2021, Section 4.2): the same function
+    class, the branch's output independent of its kernels' scale;
+    `ws_gain="frozen"` keeps their per-channel gain at 1, untrained.
+  * `kernel_initializer` ("paper", "standard", "fan_in" or "fixup") and
+    `init_scale` s: C1 and C2 drawn at s times the scheme's std. Under
+    weight standardisation the draw does not change the function, only the
+    steps: a gradient step turns a small kernel more (the gradient scales as
+    1/||W||, the step's angle as 1/||W||^2), so s turns them s^2 times
     slower.
 
-  `kernel_initializer="fixup"` draws C1 and C2 by that rule 2 for any
-  `residual`: the plain unit then starts as exactly S.
+  `kernel_initializer="fixup"` draws C1 and C2 by that rule 2 for the plain
+  unit too: it then starts as exactly S.
   """
 
-  # The residuals whose branch ends in a trained scalar `branch_gain`.
-  GAINED = ("skipinit", "skipinit_ws", "skipinit_ws_small", "gain")
-
   def __init__(self, filters, residual="plain", num_branches=None,
-               ws_init_scale=1.0, **kwargs):
+               branch_gain="none", weight_standardization=False,
+               ws_gain="trained", init_scale=1.0, **kwargs):
     super().__init__(filters, **kwargs)
-    if residual not in RESIDUALS:
-      raise ValueError(f"unknown residual {residual!r}; valid: "
-                       f"{', '.join(RESIDUALS)}")
-    if ws_init_scale != 1 and residual != "skipinit_ws_small":
-      raise ValueError("ws_init_scale scales the draw of residual "
-                       f"skipinit_ws_small's kernels; got residual "
-                       f"{residual!r}")
-    if "fixup" in (residual, self.kernel_initializer) and not (
-        num_branches and num_branches >= 1):
+    for name, value, valid in (("residual", residual, RESIDUALS),
+                               ("branch_gain", branch_gain,
+                                architectures.BRANCH_GAINS),
+                               ("ws_gain", ws_gain, architectures.WS_GAINS)):
+      if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid: "
+                         f"{', '.join(valid)}")
+    fixup = "fixup" in (residual, self.kernel_initializer)
+    if fixup and not (num_branches and num_branches >= 1):
       raise ValueError("Fixup's initialisation needs num_branches >= 1, the "
                        "number of residual branches in the network")
+    if fixup and (weight_standardization or init_scale != 1):
+      raise ValueError("Fixup's rule draws C2 = 0: it takes neither "
+                       "weight_standardization nor an init_scale")
+    if residual == "fixup" and branch_gain != "none":
+      raise ValueError("residual fixup has its own multiplier; leave "
+                       "branch_gain at none")
+    if ws_gain != "trained" and not weight_standardization:
+      raise ValueError("ws_gain is the gain of standardised convolutions: "
+                       "set weight_standardization")
     self.residual = residual
     self.num_branches = None if num_branches is None else int(num_branches)
-    self.ws_init_scale = float(ws_init_scale)
+    self.branch_gain_init = branch_gain
+    self.weight_standardization = bool(weight_standardization)
+    self.ws_gain = ws_gain
+    self.init_scale = float(init_scale)
 
   def build(self, input_shape):
     self._check_input(input_shape)
@@ -287,22 +309,16 @@ class ConvResidualUnit(_ConvUnitBase):
               2.0 / self.num_branches, mode="fan_in",
               distribution="untruncated_normal", seed=self.seed))
       self.conv2 = self._conv(1, 1, "conv2", "zeros")
-    elif self.residual == "skipinit_ws":
-      # NF-ResNet's scale: a step of the rate's size is of the kernels'.
-      def seed(offset):
-        return None if self.seed is None else self.seed + offset
-      self.conv1 = self._conv(self.strides, 0, "conv1",
-                              unit_fan_in(seed(0)), ScaledWSConv2D)
-      self.conv2 = self._conv(1, 1, "conv2", unit_fan_in(seed(1)),
-                              ScaledWSConv2D)
-    elif self.residual == "skipinit_ws_small":
-      self.conv1 = self._conv(self.strides, 0, "conv1", "paper",
-                              ScaledWSConv2D, self.ws_init_scale)
-      self.conv2 = self._conv(1, 1, "conv2", "paper", ScaledWSConv2D,
-                              self.ws_init_scale)
     else:
-      self.conv1 = self._conv(self.strides, 0, "conv1")
-      self.conv2 = self._conv(1, 1, "conv2")
+      conv_class, extra = keras.layers.Conv2D, {}
+      if self.weight_standardization:
+        conv_class = ScaledWSConv2D
+        extra = {"gain_trainable": self.ws_gain == "trained"}
+      self.conv1 = self._conv(self.strides, 0, "conv1",
+                              conv_class=conv_class,
+                              init_scale=self.init_scale, **extra)
+      self.conv2 = self._conv(1, 1, "conv2", conv_class=conv_class,
+                              init_scale=self.init_scale, **extra)
     if self.residual == "fixup":
       scalar = dict(shape=(), trainable=True)
       self.bias1a = self.add_weight(name="bias1a", initializer="zeros",
@@ -314,10 +330,10 @@ class ConvResidualUnit(_ConvUnitBase):
       self.scale = self.add_weight(name="scale", initializer="ones", **scalar)
       self.bias2b = self.add_weight(name="bias2b", initializer="zeros",
                                     **scalar)
-    if self.residual in self.GAINED:
+    if self.branch_gain_init != "none":
       self.branch_gain = self.add_weight(
           name="branch_gain", shape=(), trainable=True,
-          initializer="ones" if self.residual == "gain" else "zeros")
+          initializer="ones" if self.branch_gain_init == "one" else "zeros")
     self.conv1.build(input_shape)
     self.conv2.build(self.conv1.compute_output_shape(input_shape))
 
@@ -335,14 +351,32 @@ class ConvResidualUnit(_ConvUnitBase):
       return shortcut(shifted if changes_shape else x, self.filters,
                       self.strides) + ops.cast(branch, x.dtype)
     branch = self.conv2(ops.relu(self.conv1(x)))
-    if self.residual in self.GAINED:
+    if self.branch_gain_init != "none":
       branch = branch * ops.cast(self.branch_gain, branch.dtype)
     return shortcut(x, self.filters, self.strides) + ops.cast(branch, x.dtype)
 
   def get_config(self):
     return {**super().get_config(), "residual": self.residual,
             "num_branches": self.num_branches,
-            "ws_init_scale": self.ws_init_scale}
+            "branch_gain": self.branch_gain_init,
+            "weight_standardization": self.weight_standardization,
+            "ws_gain": self.ws_gain, "init_scale": self.init_scale}
+
+  @classmethod
+  def from_config(cls, config):
+    """Also reads the configuration an earlier version saved: one
+    `residual` naming a combination and `ws_init_scale`
+    (`architectures.translate_legacy`)."""
+    config = dict(config)
+    legacy = architectures.translate_legacy(
+        {key: config.pop(key) for key in ("residual", "ws_init_scale")
+         if key in config})
+    draw = legacy.pop("branch_init", None)
+    if draw is not None:
+      config["kernel_initializer"] = draw
+    if "branch_init_scale" in legacy:
+      config["init_scale"] = legacy.pop("branch_init_scale")
+    return super().from_config({**config, **legacy})
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

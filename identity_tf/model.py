@@ -75,10 +75,11 @@ def build_model(name, precision=None, float32_stream=False, **options):
   (`architectures.HEADS`: the "frozen" random projection, "trainable", or
   a trained dense classifier drawn at "zero" or "normal"), init ("paper" or "standard",
   see `layers.ResidualInitializer`), seed (int: all initial weights and the
-  projection), image_size (int), use_bias (bool), residual
-  (`architectures.RESIDUALS`: `layers.ConvResidualUnit`), projection_scale
-  ("classes" or "features") and logit_scale (float: `layers.RandomProjection`),
-  ws_init_scale (float: the draw of residual "skipinit_ws_small"'s kernels).
+  projection), image_size (int), use_bias (bool); the residual branch's
+  residual, branch_gain, weight_standardization, ws_gain, branch_init and
+  branch_init_scale (`architectures`, `layers.ConvResidualUnit`);
+  projection_scale ("classes" or "features") and logit_scale (float:
+  `layers.RandomProjection`).
   Unset options (or None) take the network's defaults. Raises ValueError
   naming the valid values.
   """
@@ -122,12 +123,16 @@ def _paper_network(arch, opts, inputs, stream, head):
     unit_class = layers.ConvResidualUnit
     unit_options = dict(residual=opts.residual,
                         num_branches=sum(opts.units),
-                        ws_init_scale=opts.ws_init_scale)
+                        branch_gain=opts.branch_gain,
+                        weight_standardization=opts.weight_standardization,
+                        ws_gain=opts.ws_gain,
+                        init_scale=opts.branch_init_scale)
   for number, (name, channels, stride, _) in enumerate(
       architectures.unit_plan(arch, opts)):
     x = unit_class(
         channels, strides=stride, use_bias=opts.use_bias,
-        kernel_initializer=init, seed=seed * 1000 + 10 + 2 * number,
+        kernel_initializer=opts.branch_init or init,
+        seed=seed * 1000 + 10 + 2 * number,
         name=name, **unit_options, **stream)(x)
   if opts.norm:
     x = keras.layers.BatchNormalization(name="final_bn")(x)
@@ -205,7 +210,12 @@ def sublayers(layer):
 def _layer_options(layer):
   """The options that change what LAYER computes, as short text."""
   if isinstance(layer, layers.ConvResidualUnit):
-    return f"residual={layer.residual}"
+    options = [f"residual={layer.residual}"]
+    if layer.branch_gain_init != "none":
+      options.append(f"branch_gain={layer.branch_gain_init}")
+    if layer.weight_standardization:
+      options.append(f"ws (gain {layer.ws_gain})")
+    return ", ".join(options)
   if isinstance(layer, keras.layers.Dense):
     return "trained"
   if isinstance(layer, layers.RandomProjection):

@@ -216,6 +216,53 @@ class TrainTest(absltest.TestCase):
     self.assertAlmostEqual(float(found[0]), smallest, delta=1e-15)
 
 
+class DrawAndStepTest(absltest.TestCase):
+  """The module docstring's draws and its full-batch gradient step."""
+
+  def test_starts_and_teachers_have_their_stated_norms(self):
+    rng = np.random.default_rng(6)
+    spectral = lambda w: np.linalg.norm(w, 2, axis=(1, 2))
+    u, b, v = conjecture.student_start(rng, 3, 4, 5, 0.1)
+    self.assertEqual((u.shape, b.shape, v.shape), ((3, 5, 4), (3, 5),
+                                                   (3, 4, 5)))
+    np.testing.assert_allclose(spectral(u), 0.1, rtol=1e-12)
+    np.testing.assert_allclose(spectral(v), 0.1, rtol=1e-12)
+    np.testing.assert_array_equal(b, 0.0)
+    u, b, v = conjecture.residual_teacher(rng, 2, 4, 6, 0.7)
+    np.testing.assert_allclose(spectral(u), 0.7, rtol=1e-12)
+    np.testing.assert_allclose(spectral(v), 0.7, rtol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 0.7, rtol=1e-12)
+    # The plain teacher keeps E||h||^2: U entries N(0, 2/d), V N(0, 1/m).
+    u, b, v = conjecture.plain_teacher(rng, 2, 200, 300)
+    np.testing.assert_array_equal(b, 0.0)
+    self.assertAlmostEqual(u.var() * 200 / 2, 1.0, delta=0.02)
+    self.assertAlmostEqual(v.var() * 300, 1.0, delta=0.02)
+
+  def test_a_step_is_weights_minus_rate_times_gradient(self):
+    task = conjecture.make_task(2, 3, 4, [0.3], range(1), 10, 0.6)
+    rate = 0.2
+    run = conjecture.train_batch(task, 1, rate)
+    for j, label in enumerate(task["labels"]):
+      residual = label["family"] == "residual"
+      weights = [task[name][j:j + 1] for name in ("u", "b", "v")]
+      fixed = [tf.constant(task[name][j:j + 1]) for name in
+               ("x", "y", "identity", "baseline")]
+      _, gradients = conjecture.loss_and_gradient(
+          *(tf.constant(w) for w in weights), *fixed)
+      moved = [(w - rate * g.numpy())[0] for w, g in zip(weights, gradients)]
+      self.assertAlmostEqual(
+          run["loss"][1, j], numpy_loss(moved, task["x"][j], task["y"][j],
+                                        residual, task["baseline"][j]),
+          places=12)
+      start_norm = max(np.linalg.norm(task["u"][j], 2, axis=(1, 2)).max(),
+                       np.linalg.norm(task["v"][j], 2, axis=(1, 2)).max())
+      self.assertAlmostEqual(run["unit_norm"][0, j], start_norm, places=12)
+      self.assertAlmostEqual(
+          run["gradient"][0, j],
+          np.sqrt(sum(float(np.sum(g.numpy() ** 2)) for g in gradients)),
+          places=12)
+
+
 class ClassifyTest(absltest.TestCase):
 
   def test_each_outcome(self):

@@ -1,6 +1,7 @@
 """Tests of the Section 3 construction (Theorem 3.2, Lemma B.1) and bin/construct."""
 
 import json
+import math
 import os
 import tempfile
 
@@ -341,6 +342,67 @@ class ConstructionTest(absltest.TestCase):
     self.assertEqual(history[-1][0], 4)
     for _, fit in history:
       self.assertBetween(fit, 0.0, 1.0)
+
+
+class FormulaTest(absltest.TestCase):
+  """Section 3's closed forms and Assumption 3.1's map onto the sphere,
+  against the numbers the docstrings and the paper state."""
+
+  def test_widths_separation_and_parameter_counts(self):
+    u = np.finfo(np.float64).eps / 2
+    for k, stated in ((3, 3.0e-6), (65, 1.1e-5), (785, 3.8e-5),
+                      (3073, 7.4e-5)):
+      rho = construction.smallest_separation(k)
+      self.assertAlmostEqual(rho, math.sqrt(16.16e3 * (k + 2) * u),
+                             delta=1e-12 * rho)
+      self.assertAlmostEqual(rho / stated, 1.0, delta=0.05)
+    # ceil(32 ln n / rho^2), at least 2; no width separates coincident
+    # points.
+    self.assertEqual(construction.jl_width(300, 0.5),
+                     math.ceil(32 * math.log(300) / 0.25))
+    self.assertEqual(construction.jl_width(1, 10.0), 2)
+    self.assertEqual(construction.jl_width(5, 0.0), math.inf)
+    self.assertEqual(construction.lossless_width(100, 11), 11)
+    self.assertEqual(construction.lossless_width(4, 11), 4)
+    rng = np.random.default_rng(40)
+    x, y = random_data(rng, 30, 4, 3)
+    result = construction.construct(x, y, num_classes=3)
+    k, units = result.k, result.num_units
+    self.assertEqual(construction.residual_parameters(result.weights),
+                     units * (2 * k * k + k))
+    self.assertEqual(construction.count_parameters(result.weights),
+                     capacity.formula_parameters(30, 4, k, 3))
+    self.assertEqual(capacity.formula_parameters(30, 4, k, 3),
+                     4 + 2 + k * 5 + units * (2 * k * k + k) + 3 * k + 3 + 9)
+    self.assertAlmostEqual(capacity.bound(30, 3), 30 * math.log(30) + 9)
+    self.assertAlmostEqual(capacity.bound(1, 2), math.log(2) + 4)
+    self.assertAlmostEqual(
+        construction.parameter_ratio(result.weights, 30, 3),
+        construction.count_parameters(result.weights)
+        / (30 * math.log(30) + 9))
+
+  def test_inputs_map_onto_the_unit_sphere(self):
+    rng = np.random.default_rng(41)
+    x = 3.0 + 2.0 * rng.standard_normal((50, 4))
+    mu, s, t = construction.normalization(x)
+    np.testing.assert_allclose(mu, x.mean(axis=0))
+    self.assertAlmostEqual(
+        s, math.sqrt(np.mean(np.sum((x - x.mean(axis=0)) ** 2, axis=1))))
+    self.assertEqual(t, 1.0)
+    z = construction.to_sphere(x, mu, s, t)
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, rtol=1e-12)
+    expected = np.concatenate([(x - mu) / s, np.ones((50, 1))], axis=1)
+    np.testing.assert_allclose(
+        z, expected / np.linalg.norm(expected, axis=1, keepdims=True),
+        rtol=1e-12)
+    # Already on the sphere: kept as they are (mu = 0, s = 1, t = 0).
+    on_sphere = x / np.linalg.norm(x, axis=1, keepdims=True)
+    mu, s, t = construction.normalization(on_sphere)
+    self.assertEqual((s, t), (1.0, 0.0))
+    np.testing.assert_array_equal(mu, 0.0)
+    np.testing.assert_allclose(
+        construction.to_sphere(on_sphere, mu, s, t)[:, :4], on_sphere,
+        rtol=1e-12)
 
 
 class ParallelTest(absltest.TestCase):

@@ -9,18 +9,23 @@ a training at random moments.
 """
 
 import errno
+import glob
 import os
 import re
 import shutil
+import subprocess
 from unittest import mock
 
 from absl.testing import absltest
+import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import errors
 from identity_tf.training import checkpoints
 from identity_tf.training import config_file
 from identity_tf.commands import train as train_lib
+from identity_tf.data import tfds_data
 from identity_tf.training import metrics
 from identity_tf.training import trainer
 import testing
@@ -302,6 +307,116 @@ class DamageTest(testing.SharedRootTestCase):
       trainer.train(configs.override(CONFIG, dataset="cifar10"), empty,
                   data_dir=directory, echo=lambda line: None)
     self.assertFalse(os.path.exists(os.path.join(empty, config_file.CONFIG_FILE)))
+
+
+def _record_ends(path):
+  """The offsets at which each record of TFRecord file PATH ends: a
+  little-endian uint64 length, its CRC (4 bytes), the data, its CRC."""
+  with open(path, "rb") as f:
+    data = f.read()
+  ends, position = [], 0
+  while position < len(data):
+    position += 16 + int.from_bytes(data[position:position + 8], "little")
+    ends.append(position)
+  return ends
+
+
+class DatasetFileTest(testing.SharedRootTestCase):
+  """Issue 75, item 11: a prepared dataset's file cut short, missing,
+  grown or failing its checksums is named in one line with the fix --
+  before any training where its size tells -- and the run is not told to
+  resume from a checkpoint it never wrote."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    counts = {"train": 64, "test": 32}
+    source = os.path.join(cls.root, "source")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0), counts)
+    cls.data_dir = os.path.join(cls.root, "data")
+    subprocess.run(testing.prepare_data_command_with_records(
+        counts, "--dataset=fashion_mnist", f"--data_dir={cls.data_dir}",
+        f"--source_dir={source}"), capture_output=True, timeout=600,
+                   env=testing.binary_env(), check=True)
+
+  def _copy(self, name):
+    """(data_dir, the train split's file, its version directory) of a copy
+    of the prepared dataset."""
+    data_dir = os.path.join(self.root, name)
+    shutil.copytree(self.data_dir, data_dir)
+    (shard,) = glob.glob(os.path.join(data_dir, "fashion_mnist", "*",
+                                      "fashion_mnist-train.tfrecord-*"))
+    return data_dir, shard, os.path.dirname(shard)
+
+  def _train(self, data_dir, model_dir):
+    return testing.run_binary(
+        "train", "--preset=smoke", "--dataset=fashion_mnist",
+        f"--data_dir={data_dir}", f"--model_dir={model_dir}",
+        "--width=0.0625", "--units=1", "--batch_size=16", "--train_steps=20",
+        "--log_steps=10", "--steps_per_loop=10", "--checkpoint_steps=10",
+        "--num_eval_examples=16")
+
+  def test_a_file_of_another_size_is_named_before_training(self):
+    ends = _record_ends(self._copy("measured")[1])
+    self.assertLen(ends, 64)
+    cuts = {  # How, and what the line says of the file.
+        "at a record's end": (lambda path: os.truncate(path, ends[31]),
+                              "is cut short: it holds 32 of its 64 records"),
+        "inside a record": (lambda path: os.truncate(path, ends[31] + 100),
+                            "is cut short: it ends inside record 33 of its "
+                            f"64 ({ends[31] + 100} bytes)"),
+        "inside a header": (lambda path: os.truncate(path, ends[40] + 5),
+                            "is cut short: it ends inside the header of "
+                            "record 42 of its 64"),
+        "emptied": (lambda path: os.truncate(path, 0),
+                    "is cut short: it holds 0 of its 64 records"),
+        "deleted": (os.remove, "is missing"),
+        "grown": (lambda path: open(path, "ab").write(b"more"),
+                  "is longer than its 64 records: 4 more bytes follow them"),
+    }
+    for name, (cut, what) in cuts.items():
+      with self.subTest(name):
+        data_dir, shard, version_dir = self._copy(name.replace(" ", "_"))
+        self.assertEqual(
+            tfds_data.prepared_builder("fashion_mnist", data_dir,
+                                       "test").name, "fashion_mnist")
+        cut(shard)
+        with self.assertRaises(errors.DataError) as caught:
+          tfds_data.prepared_builder("fashion_mnist", data_dir, "train")
+        line = str(caught.exception)
+        self.assertStartsWith(line, f"dataset fashion_mnist in --data_dir="
+                              f"{data_dir} is damaged: {shard} {what}; ")
+        self.assertIn(f"remove {version_dir}, then ", line)
+        self.assertIn(f"--dataset=fashion_mnist --data_dir={data_dir}", line)
+    # The binary: its line, and no run started.
+    data_dir, shard, _ = self._copy("half")
+    os.truncate(shard, os.path.getsize(shard) // 2)
+    model_dir = os.path.join(self.root, "run_half")
+    result = self._train(data_dir, model_dir)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertStartsWith(testing.last_stderr_line(result),
+                          f"error: dataset fashion_mnist in --data_dir="
+                          f"{data_dir} is damaged: {shard} is cut short")
+    self.assertNotIn("resume", result.stderr)
+    self.assertFalse(os.path.exists(model_dir))
+
+  def test_a_file_failing_its_checksums_is_named(self):
+    data_dir, shard, version_dir = self._copy("flipped")
+    ends = _record_ends(shard)
+    with open(shard, "r+b") as f:  # Inside the data of record 11.
+      f.seek(ends[10] + 40)
+      f.write(b"\xff\xfe\xfd\xfc")
+    model_dir = os.path.join(self.root, "run_flipped")
+    result = self._train(data_dir, model_dir)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertNotIn("Traceback", result.stderr)
+    line = testing.last_stderr_line(result)
+    self.assertStartsWith(line, f"error: dataset fashion_mnist in --data_dir="
+                          f"{data_dir} is damaged: {shard} fails its "
+                          "checksums")
+    self.assertIn(f"remove {version_dir}, then ", line)
+    self.assertNotIn("resume", result.stderr)
+    self.assertEqual(checkpoints.checkpoint_prefixes(model_dir), [])
 
 
 if __name__ == "__main__":

@@ -670,5 +670,94 @@ class ExportTest(absltest.TestCase):
                                atol=PROBABILITY_TOLERANCE)
 
 
+def _standardized_per_image(pixels):
+  """Raw 0-255 images [n, H, W, 3] as CIFAR's evaluation standardises
+  them, in NumPy: minus each image's mean, over max(its std, 1/sqrt(N))."""
+  x = np.asarray(pixels, np.float64)
+  mean = x.mean(axis=(1, 2, 3), keepdims=True)
+  std = np.sqrt(((x - mean) ** 2).mean(axis=(1, 2, 3), keepdims=True))
+  return ((x - mean) / np.maximum(std, 1 / np.sqrt(x[0].size))).astype(
+      np.float32)
+
+
+class AveragedBatchNormExportTest(absltest.TestCase):
+  """An --ema_decay run of batch norm's network, exported: the server must
+  answer with the weight average (the recursion a_1 = w_1, a_t = d a_(t-1)
+  + (1 - d) w_t over each step's weights, computed here from the raw
+  checkpoints) and with batch norm's moving statistics, not the
+  request's batch statistics; and the run's own evaluations, held-out and
+  of the training set, are of the average too."""
+
+  DECAY = 0.5
+
+  def test_the_export_and_the_evaluations_are_of_the_average(self):
+    model_dir = self.create_tempdir().full_path
+    config = configs.from_preset(
+        "smoke", model="resnet_bn", width=0.0625, units=(1,), batch_size=8,
+        train_steps=3, learning_rate=0.2, ema_decay=self.DECAY,
+        checkpoint_steps=1, keep_checkpoints=10, log_steps=1,
+        steps_per_loop=1, num_train_examples=32, num_eval_examples=16,
+        eval_batch_size=8, eval_train_at_end=True)
+    result = trainer.train(config, model_dir, echo=lambda line: None)
+
+    def raw(step):
+      model, run, _ = checkpoints.restore_checkpoint(
+          model_dir, checkpoints.find_checkpoint(model_dir, step),
+          averaged=False)
+      return model, run
+    average = None
+    for step in (1, 2, 3):
+      model, run = raw(step)
+      values = [v.numpy() for v in model.variables
+                if tf.as_dtype(v.dtype).is_floating]
+      average = values if average is None else [
+          self.DECAY * a + (1 - self.DECAY) * w
+          for a, w in zip(average, values)]
+    last, run = raw(3)
+    averaged = model_lib.build_model(**run.model_arguments())
+    for variable, value in zip(
+        [v for v in averaged.variables if tf.as_dtype(v.dtype).is_floating],
+        average):
+      variable.assign(value)
+
+    # The run's evaluations at its end: the average, on each split (the
+    # mean cross-entropy of the first examples, in NumPy).
+    info = run.dataset
+    for split, key, count in ((info.eval_split, "eval", 16),
+                              (info.train_split, "train_eval", 32)):
+      with self.subTest(split):
+        images, labels = synthetic.arrays(split)
+        inputs = _standardized_per_image(images[:count])
+        def mean_cross_entropy(model):
+          logits = model(inputs, training=False).numpy().astype(np.float64)
+          shifted = logits - logits.max(axis=1, keepdims=True)
+          log_p = shifted - np.log(np.exp(shifted).sum(axis=1,
+                                                       keepdims=True))
+          return -log_p[np.arange(count), labels[:count]].mean()
+        expected, own = mean_cross_entropy(averaged), mean_cross_entropy(last)
+        self.assertEqual(result[key]["examples"], count)
+        self.assertAlmostEqual(result[key]["loss"], expected,
+                               delta=1e-5 * expected)
+        self.assertGreater(abs(own - expected), 1e-3 * expected)
+    _, version_dir, _ = export.export_run(model_dir,
+                                          os.path.join(model_dir, "export"))
+    served = tf.saved_model.load(version_dir).signatures[
+        contract.DEFAULT_SIGNATURE]
+    pixels = synthetic.arrays("test")[0][:6].astype(np.float32)
+    probabilities = served(**{contract.INPUT_KEY: tf.constant(pixels)})[
+        contract.PROBABILITIES_KEY].numpy()
+    inputs = _standardized_per_image(pixels)
+    expected = _softmax(averaged(inputs, training=False).numpy())
+    np.testing.assert_allclose(probabilities, expected,
+                               atol=PROBABILITY_TOLERANCE)
+    # What a wrong export would serve is told apart: the last step's own
+    # weights, or the request's batch statistics (a call in training mode
+    # moves the moving statistics: made last).
+    for wrong in (_softmax(last(inputs, training=False).numpy()),
+                  _softmax(averaged(inputs, training=True).numpy())):
+      self.assertGreater(np.abs(wrong - expected).max(),
+                         100 * PROBABILITY_TOLERANCE)
+
+
 if __name__ == "__main__":
   absltest.main()

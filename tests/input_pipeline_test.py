@@ -875,5 +875,108 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
     self.assertAllEqual(np.concatenate([y for _, y in first]), labels[:150])
 
 
+class DataOrderTest(tf.test.TestCase):
+  """The training stream's order and augmentation on `synthetic` (no TFDS):
+  the order is a permutation per epoch that the seed and the epoch decide,
+  told apart with augmentation off (each standardised image then names its
+  example); every example's crop and flip change with the epoch and with
+  the seed, and each stays a window of the example's zero-padded image."""
+
+  COUNT, BATCH = 32, 16
+
+  def _stream(self, seed, epochs, preprocessing=None):
+    """The first EPOCHS epochs of training images of the first COUNT
+    examples, in the order the pipeline yields them."""
+    batches = _batches(ip.build_dataset(
+        "synthetic", "train", self.BATCH, training=True, seed=seed,
+        num_examples=self.COUNT, preprocessing=preprocessing,
+        deterministic=True), epochs * self.COUNT // self.BATCH)
+    return np.concatenate([x for x, _ in batches])
+
+  def _order(self, seed, epochs=2):
+    """[epoch][position] -> example index, read with augmentation off."""
+    plain = dataclasses.replace(_config("synthetic"), pad=0, flip=False)
+    reference = _numpy_standardized(
+        synthetic.arrays("train")[0][:self.COUNT])
+    stream = self._stream(seed, epochs, plain)
+    indices = [int(np.argmin(np.abs(reference - x).max(axis=(1, 2, 3))))
+               for x in stream]
+    for x, i in zip(stream, indices):
+      self.assertLess(np.abs(reference[i] - x).max(), 1e-4)
+    return [indices[e * self.COUNT:(e + 1) * self.COUNT]
+            for e in range(epochs)]
+
+  def test_the_seed_and_the_epoch_decide_the_order(self):
+    orders = {seed: self._order(seed) for seed in (0, 1, 2)}
+    for seed, (first, second) in orders.items():
+      self.assertCountEqual(first, range(self.COUNT))  # Each epoch once.
+      self.assertCountEqual(second, range(self.COUNT))
+      self.assertNotEqual(first, second, seed)  # Reshuffled every epoch.
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+      for epoch in (0, 1):
+        self.assertNotEqual(orders[a][epoch], orders[b][epoch], (a, b))
+    self.assertEqual(self._order(1), orders[1])  # The seed's own order.
+
+  def test_each_examples_augmentation_changes_with_the_epoch_and_seed(self):
+    raw = synthetic.arrays("train")[0][:self.COUNT].astype(np.float64)
+    padded = np.pad(raw, [(0, 0), (4, 4), (4, 4), (0, 0)])
+    # Every 32x32 window of each padded image, and its mirror image,
+    # standardised: what a crop and a flip can make of the example.
+    windows = np.stack([padded[:, y:y + 32, x:x + 32]
+                        for y in range(9) for x in range(9)], axis=1)
+    windows = np.concatenate([windows, windows[:, :, :, ::-1]], axis=1)
+    windows = _numpy_standardized(windows.reshape(-1, 32, 32, 3)).reshape(
+        self.COUNT, 162, 32, 32, 3)
+
+    def augmentations(seed):
+      """[epoch][example] -> (its image, which of its 162 windows)."""
+      stream = self._stream(seed, 2)
+      found = []
+      for epoch, order in enumerate(self._order(seed)):
+        images = {}
+        for position, index in enumerate(order):
+          image = stream[epoch * self.COUNT + position]
+          distances = np.abs(windows[index] - image).max(axis=(1, 2, 3))
+          self.assertLess(distances.min(), 1e-3)  # A crop of its example.
+          images[index] = (image, int(np.argmin(distances)))
+        found.append(images)
+      return found
+    seed0, seed1 = augmentations(0), augmentations(1)
+
+    def changed(a, b):
+      return sum(a[i][1] != b[i][1] for i in range(self.COUNT))
+    # 162 crops and flips: equal by chance for 1 example in 162.
+    self.assertGreater(changed(seed0[0], seed0[1]), self.COUNT - 4)
+    self.assertGreater(changed(seed0[0], seed1[0]), self.COUNT - 4)
+    # Within an epoch the examples are not all cropped alike.
+    self.assertGreater(len({seed0[0][i][1] for i in range(self.COUNT)}), 8)
+
+  def test_imagenet_crops_are_flipped_half_the_time_if_flip(self):
+    # A left-to-right ramp: whatever window is cropped and resized, its
+    # right edge is brighter than its left unless it was flipped.
+    ramp = np.tile(np.linspace(0, 255, 300)[None, :, None], (200, 1, 3))
+    image = tf.constant(ramp.astype(np.uint8))
+    config = datasets.preprocessing_config(_info("imagenet2012",
+                                                 (None, None, 3)))
+    for flip, low, high in ((True, 0.3, 0.7), (False, 0.0, 0.0)):
+      chosen = dataclasses.replace(config, flip=flip)
+      flipped = []
+      for i in range(60):
+        out = preprocessing.augment_imagenet(
+            image, chosen, preprocessing.example_seeds(3, i, 0, 2)).numpy()
+        self.assertEqual(out.shape, (224, 224, 3))
+        flipped.append(out[:, 0].mean() > out[:, -1].mean())
+      self.assertBetween(np.mean(flipped), low, high, flip)
+
+  def test_example_seeds_depend_on_seed_index_and_epoch(self):
+    def seeds(seed, index, epoch):
+      return tuple(preprocessing.example_seeds(seed, index, epoch, 2)
+                   .numpy().ravel())
+    base = seeds(0, 5, 1)
+    self.assertEqual(seeds(0, 5, 1), base)
+    others = [seeds(1, 5, 1), seeds(0, 6, 1), seeds(0, 5, 2)]
+    self.assertLen(set(others + [base]), 4)
+
+
 if __name__ == "__main__":
   absltest.main()

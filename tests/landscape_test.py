@@ -2,6 +2,7 @@
 (Theorem 2.2 as an experiment)."""
 
 import json
+import math
 import os
 import tempfile
 
@@ -237,6 +238,66 @@ class ExperimentTest(absltest.TestCase):
     self.assertIsNone(quotients[1])
     self.assertAlmostEqual(summary["min_ratio_over_pl_constant"], 2.0 / mu,
                            places=12)
+
+  def test_every_summary_of_hand_made_paths(self):
+    # Path 1 halves its gap by step 1 and reaches 1e-6 at step 2; path 2
+    # halves it at step 3 (2.0 <= 4 / 2), never reaches 1e-6 and leaves
+    # B_1 at step 2 through its second layer; a third path diverged at
+    # step 1 (its later rows repeat its last state) and counts as failed.
+    run = {"gap": np.array([[4.0, 4.0, 4.0], [1.0, 3.0, 9.0],
+                            [1e-9, 2.5, 9.0], [0.0, 2.0, 9.0]]),
+           "layer_norms": np.array([
+               [[0.3, 0.1], [0.2, 0.3], [0.3, 0.3]],
+               [[0.4, 0.1], [0.9, 0.5], [0.5, 0.3]],
+               [[0.45, 0.2], [0.8, 1.2], [0.5, 0.3]],
+               [[0.9, 0.2], [1.3, 1.1], [0.5, 0.3]]]),
+           "grad_sq": np.ones((4, 3)),
+           "diverged": np.array([-1, -1, 1])}
+    run["norm"] = run["layer_norms"].max(axis=-1)
+    residual = landscape.residual_summary(run, 1e-6, 0.5, 2, 0.5)
+    self.assertEqual(residual["steps_to_half"], {"median": 2.0, "max": 3})
+    self.assertEqual(residual["final_gap"], {"median": 2.0, "max": 9.0})
+    self.assertEqual((residual["diverged"], residual["starts"]), (1, 3))
+    self.assertAlmostEqual(residual["reached_fraction"], 1 / 3)
+    plain = landscape.plain_summary(run, 1e-6)
+    self.assertEqual(plain, {
+        "reached_fraction": 1 / 3, "failed_within_budget": 2,
+        "steps_to_half": {"median": 2.0, "max": 3}, "never_halved": 1,
+        "initial_gap_median": 4.0, "final_gap_median": 2.0, "diverged": 1})
+    crossings = landscape.crossings(run)
+    self.assertIsNone(crossings[0])
+    self.assertIsNone(crossings[2])
+    self.assertEqual(crossings[1], {"step": 2, "layer": 2, "layer_norm": 1.2,
+                                    "gap": 2.5, "gap_before": 3.0})
+    negative = landscape.negative_det_summary(run, 1e-6, floor=0.5)
+    self.assertAlmostEqual(negative["crossed_1_fraction"], 1 / 3)
+    self.assertEqual(negative["crossing_layer_counts"], {"2": 1})
+    self.assertEqual(negative["reached_without_crossing_1"], 1)  # Path 1.
+    self.assertEqual(negative["min_gap_inside_B_1"], 0.0)
+    self.assertFalse(negative["floor_holds"])  # 1e-9 < 0.5 inside B_1.
+    self.assertEqual(negative["final_gap"], {"median": 2.0, "min": 0.0})
+
+  def test_starts_lie_on_the_boundary_of_b_tau_and_are_the_cells_own(self):
+    for layers, tau in ((1, 0.3), (4, 0.05), (3, 0.0)):
+      starts = landscape.draw_starts(5, layers, 3, tau, seed=2)
+      self.assertEqual(starts.shape, (5, layers, 3, 3))
+      norms = spectral_norms(starts)
+      np.testing.assert_allclose(norms.max(axis=1), tau, atol=1e-12)
+      np.testing.assert_allclose(norms[:, 0], tau, atol=1e-12)  # ||A_1||.
+      np.testing.assert_array_equal(
+          landscape.draw_starts(5, layers, 3, tau, seed=2), starts)
+    self.assertFalse(np.array_equal(
+        landscape.draw_starts(2, 2, 3, 0.3, seed=2),
+        landscape.draw_starts(2, 2, 3, 0.3, seed=3)))
+    # Theorem 2.1's yardstick: the factorization's |||A|||, None below
+    # 3 gamma layers.
+    r = np.diag([math.e ** 2, 1.0, 1.0])
+    self.assertIsNone(landscape.factorization_norm(r, 5))
+    self.assertAlmostEqual(landscape.factorization_norm(r, 6),
+                           math.expm1(2 / 6), places=9)
+    with self.assertRaisesRegex(ValueError, "not positive definite"):
+      landscape.check_positive_definite(np.diag([1.0, 0.0]))
+    landscape.check_positive_definite(np.diag([1.0, 1e-3]))
 
 
 class BinaryTest(absltest.TestCase):

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
@@ -355,6 +356,138 @@ class DescentTest(absltest.TestCase):
     live = gaps[:-1] > 1e-8 * gaps[0]
     self.assertGreater(live.sum(), 20)
     self.assertTrue(np.all(gaps[1:][live] <= bound * gaps[:-1][live]))
+
+
+class FormulaTest(absltest.TestCase):
+  """The closed forms and random instances of Section 2, written out."""
+
+  def test_bounds_layers_and_step_size(self):
+    for gamma, layers in ((0.0, 1), (0.3, 2), (1.0, 3), (2.5, 40)):
+      self.assertAlmostEqual(lt.additive_bound(gamma, layers),
+                             (4 * math.pi + 3 * gamma) / layers, places=12)
+      self.assertAlmostEqual(lt.iclr_bound(gamma, layers),
+                             theorem_2_1_bound(gamma, layers), places=12)
+    # The least l >= 1 with l >= 3 gamma.
+    for gamma, smallest in ((0.0, 1), (0.2, 1), (1.0, 3), (1.01, 4),
+                            (2.0, 6), (10 / 3, 10)):
+      self.assertEqual(lt.smallest_admissible_layers(gamma), smallest, gamma)
+    rng = np.random.default_rng(20)
+    sigma = lt.random_covariance(3, rng, 0.5, 2.0)
+    for r in (np.eye(3) * 0.5, lt.random_target(3, rng, 1.0)):
+      # 1 / (2 l sigma_max(Sigma) max(1, ||R||)^2).
+      expected = 1 / (2 * 7 * np.linalg.eigvalsh(sigma).max()
+                      * max(1.0, np.linalg.norm(r, 2)) ** 2)
+      self.assertAlmostEqual(lt.default_step_size(r, sigma, 7), expected,
+                             places=14)
+    # mu of (2.3): 4 l (1 - tau)^(2l - 2) sigma_min^power.
+    self.assertAlmostEqual(lt.pl_constant(3, 0.1, 0.5),
+                           4 * 3 * 0.9 ** 4 * 0.5, places=14)
+    self.assertAlmostEqual(lt.pl_constant(3, 0.1, 0.5, sigma_power=2),
+                           4 * 3 * 0.9 ** 4 * 0.25, places=14)
+
+  def test_linear_rate_is_the_geometric_mean_contraction(self):
+    gaps = 5.0 * 0.9 ** np.arange(60)
+    self.assertAlmostEqual(lt.linear_rate(gaps), 0.9, places=12)
+    # Below the floor (round-off) the contraction is not counted: 0.5 per
+    # step until the gap reaches 1e-12 of its start, flat after.
+    halving = np.concatenate([0.5 ** np.arange(30), np.full(20, 0.5 ** 30)])
+    self.assertAlmostEqual(lt.linear_rate(halving, floor=1e-6), 0.5,
+                           places=12)
+    self.assertEqual(lt.linear_rate([1.0]), 0.0)
+
+  def test_random_instances_have_their_stated_spectra(self):
+    rng = np.random.default_rng(21)
+    r = lt.random_target(6, rng, 0.7)
+    singular = np.linalg.svd(r, compute_uv=False)
+    np.testing.assert_allclose([singular[0], singular[-1]],
+                               [math.exp(0.7), math.exp(-0.7)], rtol=1e-12)
+    self.assertGreater(np.linalg.det(r), 0)
+    sigma = lt.random_covariance(5, rng, 0.3, 4.0)
+    np.testing.assert_allclose(sigma, sigma.T, atol=1e-14)
+    values = np.linalg.eigvalsh(sigma)
+    np.testing.assert_allclose([values[0], values[-1]], [0.3, 4.0],
+                               rtol=1e-12)
+    a = lt.random_layers(7, 4, rng, 0.2)
+    norms = np.linalg.norm(a, ord=2, axis=(1, 2))
+    self.assertAlmostEqual(norms.max(), 0.2, places=12)
+    self.assertTrue(np.all(norms <= 0.2 + 1e-12))
+    self.assertEqual(len(set(np.round(norms, 9))), 7)  # Not all equal.
+    self.assertLess(np.linalg.det(lt.random_orthogonal(4, rng, det=-1.0)), 0)
+    near = lt.near_identity_target(4, rng, 0.5)
+    # expm(B) with ||B|| = 0.5: ||R - I|| <= e^0.5 - 1, det R = e^tr(B) > 0.
+    self.assertLessEqual(np.linalg.norm(near - np.eye(4), 2),
+                         math.expm1(0.5) + 1e-12)
+    self.assertGreater(np.linalg.norm(near - np.eye(4), 2), 0.25)
+
+  def test_descent_starts_where_each_parametrisation_says(self):
+    rng = np.random.default_rng(22)
+    d, layers = 3, 4
+    r = lt.random_target(d, rng, 0.4)
+    sigma = lt.random_covariance(d, rng, 0.5, 2.0)
+    # Residual: A = 0, gap ||(I - R) Sigma^(1/2)||_F^2; one step moves every
+    # layer by -eta 2 (I - R) Sigma (Lemma 2.4 at A = 0).
+    run = lt.gradient_descent(r, sigma, layers, 1, step_size=0.01)
+    error = np.eye(d) - r
+    self.assertAlmostEqual(run["gap"][0], np.trace(error @ sigma @ error.T),
+                           places=12)
+    self.assertEqual(run["max_norm"][0], 0.0)
+    np.testing.assert_allclose(
+        run["layers"].numpy(),
+        np.repeat((-0.01 * 2 * (np.eye(d) - r) @ sigma)[None], layers, 0),
+        atol=1e-14)
+    # Plain: W_i i.i.d. N(0, init_scale^2 / d) from the seed's generator.
+    plain = lt.gradient_descent(r, sigma, layers, 0, plain=True,
+                                init_scale=0.3, seed=5)
+    w = (np.random.default_rng(5).standard_normal((layers, d, d)) * 0.3
+         / math.sqrt(d))
+    self.assertAlmostEqual(plain["max_norm"][0],
+                           largest_layer_norm(w - np.eye(d)), places=12)
+    product = np.linalg.multi_dot(list(w[::-1])) - r
+    self.assertAlmostEqual(plain["gap"][0],
+                           np.trace(product @ sigma @ product.T), places=12)
+    # TOLERANCE stops the run at the first gap within it.
+    stopped = lt.gradient_descent(r, sigma, layers, 1000, tolerance=1e-3)
+    gaps = stopped["gap"]
+    self.assertLess(len(gaps), 1001)
+    self.assertLessEqual(gaps[-1], 1e-3 * gaps[0])
+    self.assertGreater(gaps[-2], 1e-3 * gaps[0])
+
+
+class ChecksDetectTest(absltest.TestCase):
+  """Each statement `run_checks` checks fails when what it checks is
+  wrong: each result's "pass" can be False."""
+
+  def _fails(self, name, target, replacement):
+    with mock.patch.object(lt, target, replacement):
+      result = lt.run_checks(d=3, layers=4, seed=1, samples=20_000,
+                             only=[name])
+    self.assertFalse(result[name]["pass"], (name, result[name]))
+
+  def test_a_wrong_result_fails_its_statement(self):
+    risk_gradient, factorize = lt.risk_gradient, lt.factorize
+    monte_carlo_risk = lt.monte_carlo_risk
+    gradient_descent = lt.gradient_descent
+    # Each just past its statement's tolerance: a gradient 1e-9 off (the
+    # check allows 1e-10), a factorization whose product is 1e-7 off (1e-9),
+    # a sample mean 5.2 standard errors from the closed form (5).
+    self._fails("lemma_2_4_gradient", "risk_gradient",
+                lambda *args: (1 + 1e-9) * risk_gradient(*args))
+    self._fails("theorem_2_1_factorization", "factorize",
+                lambda r, l: factorize(r, l) * (1 + 1e-7))
+    risk = lt.risk
+    def biased(a, r, sigma, samples, seed):
+      _, stderr = monte_carlo_risk(a, r, sigma, samples, seed)
+      return risk(a, r, sigma) + 5.2 * stderr, stderr
+    self._fails("claim_2_3_risk_closed_form", "monte_carlo_risk", biased)
+    # A factorization that accepts what it must refuse.
+    self._fails("theorem_2_1_bad_input", "factorize",
+                lambda r, l: tf.zeros([l, 3, 3], tf.float64))
+    # A descent that stalls half-way.
+    def stalled(*args, **kwargs):
+      run = gradient_descent(*args, **kwargs)
+      run["gap"] = np.maximum(run["gap"], 0.5 * run["gap"][0])
+      return run
+    self._fails("gradient_descent_linear_rate", "gradient_descent", stalled)
 
 
 class ChecksTest(absltest.TestCase):

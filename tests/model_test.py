@@ -130,7 +130,7 @@ class StabiliserTest(absltest.TestCase):
     x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
     for c_out, stride in [(4, 1), (8, 2)]:
       unit = layers.ConvResidualUnit(c_out, strides=stride, seed=3,
-                                     residual="skipinit")
+                                     branch_gain="zero")
       np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
                                  rtol=1e-6, atol=1e-6)  # De & Smith: a = 0.
       unit.branch_gain.assign(0.7)
@@ -141,23 +141,34 @@ class StabiliserTest(absltest.TestCase):
   def test_standardised_units_start_at_identity_and_standardise(self):
     rng = np.random.default_rng(14)
     x = rng.normal(size=(2, 8, 8, 4)).astype("float32")
-    # (residual, use_bias, ws_init_scale, C2's kernel std for c channels,
-    # its tolerance): NF-ResNet's unit fan-in variance (Keras's truncated
-    # normal keeps it), or the paper's std 1/(k^2 c) (Section 4), or twice it.
-    cases = (("skipinit_ws", False, 1, lambda c: 1 / math.sqrt(9 * c), 0.15),
-             ("skipinit_ws", True, 1, lambda c: 1 / math.sqrt(9 * c), 0.15),
-             ("skipinit_ws_small", False, 1, lambda c: 1 / (9 * c), 0.2),
-             ("skipinit_ws_small", False, 2, lambda c: 2 / (9 * c), 0.2))
-    for residual, use_bias, scale, std, delta in cases:
+    # (draw, use_bias, init_scale, ws_gain, C2's kernel std for c
+    # channels, its tolerance): NF-ResNet's unit fan-in variance (Keras's
+    # truncated normal keeps it), or the paper's std 1/(k^2 c) (Section 4),
+    # or twice it; the per-channel gain trained or frozen at 1.
+    cases = (("fan_in", False, 1, "trained",
+              lambda c: 1 / math.sqrt(9 * c), 0.15),
+             ("fan_in", True, 1, "trained",
+              lambda c: 1 / math.sqrt(9 * c), 0.15),
+             ("paper", False, 1, "trained", lambda c: 1 / (9 * c), 0.2),
+             ("paper", False, 2, "trained", lambda c: 2 / (9 * c), 0.2),
+             ("paper", False, 2, "frozen", lambda c: 2 / (9 * c), 0.2),
+             ("fan_in", False, 3, "trained",
+              lambda c: 3 / math.sqrt(9 * c), 0.15))
+    for draw, use_bias, scale, ws_gain, std, delta in cases:
       for c_out, stride in [(4, 1), (8, 2)]:
-        unit = layers.ConvResidualUnit(c_out, strides=stride, seed=6,
-                                       residual=residual, use_bias=use_bias,
-                                       ws_init_scale=scale)
+        unit = layers.ConvResidualUnit(
+            c_out, strides=stride, seed=6, branch_gain="zero",
+            weight_standardization=True, ws_gain=ws_gain,
+            kernel_initializer=draw, use_bias=use_bias, init_scale=scale)
         np.testing.assert_allclose(unit(x), numpy_shortcut(x, c_out, stride),
                                    rtol=1e-6, atol=1e-6)  # a = 0, b = 0.
         self.assertAlmostEqual(
             np.asarray(unit.conv2.kernel).std() / std(c_out), 1.0,
             delta=delta)
+        trainable = {id(w) for w in unit.trainable_weights}
+        for conv in (unit.conv1, unit.conv2):
+          np.testing.assert_array_equal(np.asarray(conv.gain), 1.0)
+          self.assertEqual(id(conv.gain) in trainable, ws_gain == "trained")
         unit.branch_gain.assign(0.7)
         unit.conv1.gain.assign(rng.uniform(0.5, 2, size=c_out))
         # The branch does not depend on the kernels' scale.
@@ -169,6 +180,21 @@ class StabiliserTest(absltest.TestCase):
         np.testing.assert_allclose(
             unit(x), numpy_shortcut(x, c_out, stride) +
             0.7 * np.asarray(reference), rtol=1e-4, atol=1e-5)
+
+  def test_branch_draw_scale_multiplies_the_plain_kernels(self):
+    # Without standardisation init_scale changes the function: C1 and C2 at
+    # s times the paper's std 1/(k^2 c), the branch s^2 times larger.
+    x = np.random.default_rng(15).normal(size=(2, 8, 8, 4)).astype("float32")
+    base = layers.ConvResidualUnit(8, strides=2, seed=7)
+    scaled = layers.ConvResidualUnit(8, strides=2, seed=7, init_scale=3.0)
+    shortcut = numpy_shortcut(x, 8, 2)
+    base(x), scaled(x)
+    for a, b in ((base.conv1, scaled.conv1), (base.conv2, scaled.conv2)):
+      np.testing.assert_allclose(np.asarray(b.kernel),
+                                 3.0 * np.asarray(a.kernel), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(scaled(x)) - shortcut,
+                               9.0 * (np.asarray(base(x)) - shortcut),
+                               rtol=1e-4, atol=1e-6)
 
   def test_fixup_initialisation_is_zhang_et_als(self):
     # Rule 2: C1 ~ N(0, 2 / fan_in) scaled by L^(-1/2); C2 = 0; scalars 0/1.
@@ -221,13 +247,17 @@ class StabiliserTest(absltest.TestCase):
   def test_options_survive_a_keras_file(self):
     images = np.random.default_rng(12).normal(size=(2, 16, 16, 3)).astype(
         "float32")
-    for options in (dict(residual="skipinit"), dict(residual="fixup"),
-                    dict(residual="skipinit_ws"),
-                    dict(residual="skipinit_ws", use_bias=True),
-                    dict(residual="skipinit_ws_small"),
+    for options in (dict(branch_gain="zero"), dict(residual="fixup"),
+                    dict(branch_gain="one"),
+                    dict(branch_gain="zero", weight_standardization=True,
+                         branch_init="fan_in"),
+                    dict(branch_gain="zero", weight_standardization=True,
+                         branch_init="fan_in", use_bias=True),
+                    dict(branch_gain="zero", weight_standardization=True,
+                         ws_gain="frozen", branch_init_scale=2.0),
                     dict(projection_scale="features")):
       model = tiny(units=2, **options)
-      for weight in model.trainable_weights:  # Off the initial values.
+      for weight in model.weights:  # Off the initial values.
         weight.assign(weight + 0.01)
       with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
@@ -236,19 +266,34 @@ class StabiliserTest(absltest.TestCase):
       np.testing.assert_array_equal(model(images), loaded(images))
       unit = loaded.get_layer("stage1_unit1")
       self.assertEqual(unit.residual, options.get("residual", "plain"))
+      self.assertEqual(unit.branch_gain_init,
+                       options.get("branch_gain", "none"))
+      self.assertEqual(unit.weight_standardization,
+                       options.get("weight_standardization", False))
+      self.assertEqual(len(loaded.trainable_weights),
+                       len(model.trainable_weights))
       self.assertEqual(loaded.get_layer("projection").scale,
                        options.get("projection_scale", "classes"))
       if options.get("residual") == "fixup":
         self.assertEqual(unit.num_branches, 6)  # 3 stages x 2 units.
 
-  def test_stabilisers_refuse_batch_norm(self):
+  def test_stabilisers_refuse_batch_norm_and_bad_combinations(self):
     with self.assertRaisesRegex(ValueError, "does not combine with norm"):
-      tiny("resnet_bn", residual="skipinit")
-    with self.assertRaisesRegex(ValueError,
-                                "valid: plain, skipinit, gain, fixup"):
+      tiny("resnet_bn", branch_gain="zero")
+    with self.assertRaisesRegex(ValueError, "valid: plain, fixup"):
       tiny(residual="rezero")
+    with self.assertRaisesRegex(ValueError, "valid: none, zero, one"):
+      tiny(branch_gain="two")
     with self.assertRaisesRegex(ValueError, "use init paper or standard"):
-      tiny(residual="skipinit_ws", init="fixup")
+      tiny(weight_standardization=True, init="fixup")
+    with self.assertRaisesRegex(ValueError, "set weight_standardization"):
+      tiny(ws_gain="frozen")
+    with self.assertRaisesRegex(ValueError, "set weight_standardization"):
+      tiny(branch_init="fan_in")
+    with self.assertRaisesRegex(ValueError, "own trained multiplier"):
+      tiny(residual="fixup", branch_gain="zero")
+    with self.assertRaisesRegex(ValueError, "branch_init_scale must be"):
+      tiny(branch_init_scale=0.0)
     with self.assertRaisesRegex(ValueError, "needs num_branches"):
       layers.ConvResidualUnit(4, residual="fixup")
 
@@ -387,7 +432,12 @@ class NetworkTest(absltest.TestCase):
         (dict(name="cifar10", width=-1.0), "width must be a positive"),
         (dict(name="cifar10", head="linear"), "valid: frozen, trainable"),
         (dict(name="cifar10", init="he"), "valid: paper, standard"),
-        (dict(name="cifar10", depth=3), "unknown option.*valid: classes"),
+        (dict(name="cifar10", branch_init="he"),
+         "valid: paper, standard, fan_in"),
+        (dict(name="cifar10", ws_gain="on", weight_standardization=True),
+         "valid: trained, frozen"),
+        (dict(name="cifar10", depth=3),
+         "unknown option.*valid: branch_gain, .*classes"),
         (dict(name="cifar10", classes=1), "classes must be an integer >= 2"),
         (dict(name="cifar10", projection_scale="d"),
          "valid: classes, features"),
@@ -412,10 +462,40 @@ class ModelOptionsTest(absltest.TestCase):
                        options)
     # By hand: Table 1's network for ten classes.
     self.assertEqual(architectures.complete_options("cifar10")[1].to_dict(), {
-        "classes": 10, "head": "frozen", "image_size": 32, "init": "paper",
-        "logit_scale": 1.0, "norm": False, "projection_scale": "classes",
-        "residual": "plain", "seed": 0, "units": [9, 9, 9],
-        "use_bias": False, "width": 1.0, "ws_init_scale": 1.0})
+        "branch_gain": "none", "branch_init": None,
+        "branch_init_scale": 1.0, "classes": 10, "head": "frozen",
+        "image_size": 32, "init": "paper", "logit_scale": 1.0, "norm": False,
+        "projection_scale": "classes", "residual": "plain", "seed": 0,
+        "units": [9, 9, 9], "use_bias": False, "weight_standardization": False,
+        "width": 1.0, "ws_gain": "trained"})
+
+  def test_the_combined_residual_names_of_earlier_versions_read_as_today(self):
+    # Each earlier `residual` value (with its ws_init_scale) -> the options
+    # that build the same network, written out by hand.
+    def today(**changes):
+      return architectures.complete_options("cifar10", **changes)[1]
+    cases = {
+        ("skipinit", 1.0): today(branch_gain="zero"),
+        ("gain", 1.0): today(branch_gain="one"),
+        ("fixup", 1.0): today(residual="fixup"),
+        ("plain", 1.0): today(),
+        ("skipinit_ws", 1.0): today(branch_gain="zero",
+                                    weight_standardization=True,
+                                    branch_init="fan_in"),
+        ("skipinit_ws_small", 2.0): today(branch_gain="zero",
+                                          weight_standardization=True,
+                                          branch_init="paper",
+                                          branch_init_scale=2.0),
+    }
+    for (residual, scale), expected in cases.items():
+      stored = {**today().to_dict(), "residual": residual,
+                "ws_init_scale": scale}
+      for name in ("branch_gain", "weight_standardization", "ws_gain",
+                   "branch_init", "branch_init_scale"):
+        del stored[name]  # An earlier version wrote none of them.
+      self.assertEqual(
+          architectures.ModelOptions.from_dict("cifar10", stored), expected,
+          residual)
 
   def test_options_of_an_older_run_take_the_defaults_it_built_with(self):
     with open(os.path.join(testing.source_root(), "tests", "testdata",
@@ -449,10 +529,10 @@ class SummaryBinaryTest(absltest.TestCase):
 
   def test_summary_shows_the_stabilisers(self):
     result = testing.run_binary("summary", "--model=cifar10", "--units=1",
-                                "--width=0.125", "--residual=skipinit",
+                                "--width=0.125", "--branch_gain=zero",
                                 "--projection_scale=features", check=True)
     self.assertRegex(result.stdout,
-                     r"stage1_unit1 +ConvResidualUnit .*residual=skipinit")
+                     r"stage1_unit1 +ConvResidualUnit .*branch_gain=zero")
     self.assertRegex(result.stdout,
                      r"projection +RandomProjection .*scale=features, frozen")
 

@@ -11,6 +11,7 @@ training image once.
 import dataclasses
 import math
 import os
+import re
 
 from absl.testing import absltest
 import keras
@@ -23,6 +24,7 @@ from identity_tf import model as model_lib
 from identity_tf.peers import fixup
 from identity_tf.data import tfds_data
 from identity_tf.peers import nf_resnet
+from identity_tf.peers import skipinit
 from identity_tf.serving import contract
 from identity_tf.serving import export
 from identity_tf.training import checkpoints
@@ -209,7 +211,7 @@ class PeersTest(absltest.TestCase):
 class GainTest(absltest.TestCase):
 
   def test_gain_starts_at_one_and_scales_the_branch(self):
-    unit = layers.ConvResidualUnit(4, residual="gain", seed=0)
+    unit = layers.ConvResidualUnit(4, branch_gain="one", seed=0)
     x = _images(2, channels=4, size=6)
     y = unit(x).numpy()
     branch = unit.conv2(tf.nn.relu(unit.conv1(x))).numpy()
@@ -260,13 +262,13 @@ class LogitScaleTest(absltest.TestCase):
       model_lib.build_model("cifar10", **TINY, logit_scale=-1.0)
 
 
-class WsInitScaleTest(absltest.TestCase):
+class BranchInitScaleTest(absltest.TestCase):
 
   def test_it_scales_every_standardised_draw_and_not_the_function(self):
     def network(scale):
-      return model_lib.build_model("cifar10", **TINY,
-                                   residual="skipinit_ws_small",
-                                   ws_init_scale=scale)
+      return model_lib.build_model("cifar10", **TINY, branch_gain="zero",
+                                   weight_standardization=True,
+                                   branch_init_scale=scale)
     small, large = network(1.0), network(2.0)
     units = _units(small)
     self.assertLen(units, 6)
@@ -282,11 +284,9 @@ class WsInitScaleTest(absltest.TestCase):
       twin.branch_gain.assign(0.5)
     x = _images(4)
     np.testing.assert_allclose(large(x), small(x), rtol=1e-4, atol=1e-5)
-    with self.assertRaisesRegex(ValueError, "ws_init_scale scales"):
-      model_lib.build_model("cifar10", **TINY, residual="skipinit_ws",
-                            ws_init_scale=2.0)
-    with self.assertRaisesRegex(ValueError, "ws_init_scale scales"):
-      layers.ConvResidualUnit(4, residual="plain", ws_init_scale=2.0)
+    with self.assertRaisesRegex(ValueError, "Fixup's rule"):
+      model_lib.build_model("cifar10", **TINY, init="fixup",
+                            branch_init_scale=2.0)
 
 
 class RecipeTest(absltest.TestCase):
@@ -348,27 +348,84 @@ class RecipeTest(absltest.TestCase):
     self.assertEqual(nf.agc_clip, 0.0)  # NF-ResNet's paper: no clipping.
     self.assertTrue(nf.nesterov)
 
-  def test_paper_best_is_the_gap_studys_runs_of_the_papers_network(self):
-    # docs/results.md reports the gap study's runs as the normfree study's
-    # paper_best, paper_ws_small, paper_ws and resnet_bn_cosine: both
-    # studies must build the same runs, and paper_best must keep the
-    # paper's network.
-    def run(study_name, arm_name):
-      [arm] = study.arms_named(study.configs.STUDIES[study_name], [arm_name])
+  def test_cifar10_ws_builds_the_network_the_results_describe(self):
+    # docs/results.md's answer: the paper's unit (no batch norm) and frozen
+    # projection, C1 and C2 standardised with a trained per-channel gain and
+    # drawn at 2/(k^2 c), a branch gain from 0, the logits times 4,
+    # cifar10_paper's rate, batch, decay and clip, Nesterov and cosine.
+    config = configs.from_preset("cifar10_ws", width=0.25, units=(2,))
+    run = run_lib.prepare(config, _synthetic_info(), None)
+    net = model_lib.build_model(**run.model_arguments())
+    paper = configs.PRESETS["cifar10_paper"]
+    for name in ("learning_rate", "batch_size", "weight_decay", "momentum",
+                 "grad_clip_norm", "train_steps", "model"):
+      self.assertEqual(getattr(config, name), getattr(paper, name), name)
+    self.assertEqual((config.lr_schedule, config.nesterov), ("cosine", True))
+    projection = net.get_layer("projection")
+    self.assertFalse(projection.trainable)
+    self.assertEqual(projection.logit_scale, 4.0)
+    x = _images(2)
+    for unit in _units(net):
+      self.assertIsInstance(unit, layers.ConvResidualUnit)
+      for conv in (unit.conv1, unit.conv2):
+        self.assertIsInstance(conv, layers.ScaledWSConv2D)
+        self.assertTrue(conv.gain.trainable)
+        # fan-out k^2 c with k = 3, c = the unit's channels, times 2.
+        self.assertAlmostEqual(
+            conv.kernel.numpy().std() * 9 * unit.filters / 2, 1.0,
+            delta=0.15)
+      # The branch gain starts at 0: each unit is exactly its shortcut.
+      self.assertEqual(float(unit.branch_gain), 0.0)
+      inputs = _images(2, channels=unit.input.shape[-1],
+                       size=unit.input.shape[1])
+      np.testing.assert_allclose(
+          unit(inputs).numpy(),
+          _pool_pad_shortcut(inputs, unit.filters, unit.strides), atol=1e-6)
+    self.assertFalse(any("batch_normalization" in w.path
+                         for w in net.weights))
+    self.assertEqual(net(x).shape, (2, 10))
+
+  def test_the_batch_norm_twin_differs_in_its_network_only(self):
+    ws, bn = (configs.PRESETS[name] for name in ("cifar10_ws",
+                                                 "cifar10_ws_bn"))
+    differ = {f.name for f in dataclasses.fields(configs.Config)
+              if getattr(ws, f.name) != getattr(bn, f.name)}
+    self.assertEqual(differ - set(configs.MODEL_FIELDS), {"preset"})
+    self.assertEqual(bn.model, "resnet_bn")
+    self.assertGreater(bn.grad_clip_norm, 0)  # The clip too: one recipe.
+
+  def test_each_ablation_arm_removes_one_change_of_the_preset(self):
+    # Each arm's run differs from the preset's run in the fields its
+    # description names, with the paper's value there.
+    def run(arm_name):
+      [arm] = study.arms_named(study.configs.STUDIES["ablation"], [arm_name])
       return study.run_config(arm, 0, dataset="fashion_mnist", epochs=10,
                               num_train_examples=60_000)
-    for normfree_arm, gap_arm in (
-        ("paper_best",
-         "nesterov_cosine+logit_scale_4+skipinit_ws_small+ws_init_2"),
-        ("paper_ws_small", "nesterov_cosine+logit_scale_4+skipinit_ws_small"),
-        ("paper_ws", "skipinit_ws"),
-        ("resnet_bn_cosine", "resnet_bn_cosine")):
-      with self.subTest(normfree_arm):
-        self.assertEqual(run("normfree", normfree_arm), run("gap", gap_arm))
-    best = run("normfree", "paper_best")
-    self.assertEqual(best.model, "cifar10")  # The paper's unit, no norm.
-    self.assertIn(best.head, (None, "frozen"))  # cifar10's: frozen.
-    self.assertGreater(best.grad_clip_norm, 0)  # cifar10_paper's clip.
+    preset, paper = run("cifar10_ws"), configs.PRESETS["cifar10_paper"]
+    steps = math.ceil(10 * 60_000 / 128)  # 10 epochs of 128.
+    removed = {
+        "ws_gain_frozen": {"ws_gain": "frozen"},
+        "no_weight_standardization": {"weight_standardization": False},
+        "no_branch_gain": {"branch_gain": "none"},
+        "logit_scale_1": {"logit_scale": 1.0},
+        # The paper's drops at 30k and 50k of 70k, scaled to the budget.
+        "paper_schedule": {"lr_schedule": "piecewise", "nesterov": False,
+                           "lr_boundaries": (round(30000 * steps / 70000),
+                                             round(50000 * steps / 70000))},
+        "no_clip": {"grad_clip_norm": 0.0},
+        "paper_draw": {"branch_init_scale": 1.0},
+    }
+    for arm_name, changes in removed.items():
+      with self.subTest(arm_name):
+        arm_run = run(arm_name)
+        self.assertEqual(arm_run, dataclasses.replace(preset, **changes))
+    self.assertEqual(preset.train_steps, steps)
+    for name in ("lr_schedule", "nesterov"):
+      self.assertEqual(run("paper_schedule").__getattribute__(name),
+                       getattr(paper, name))
+    bn, bn_unclipped = run("cifar10_ws_bn"), run("cifar10_ws_bn_no_clip")
+    self.assertEqual(bn_unclipped,
+                     dataclasses.replace(bn, grad_clip_norm=0.0))
 
 
 def _synthetic_info():
@@ -385,11 +442,15 @@ def _one_step(strategy, net, optimizer, config, images, labels):
 class TrainResumeExportTest(absltest.TestCase):
 
   def test_each_preset_trains_resumes_restores_and_exports(self):
-    for preset in ("fixup_cifar", "skipinit_cifar", "nf_resnet_cifar"):
-      with self.subTest(preset):
+    for preset, options in (("fixup_cifar", {}), ("skipinit_bn_recipe", {}),
+                            ("nf_resnet_cifar", {}), ("cifar10_ws", {}),
+                            ("cifar10_ws", {"ws_gain": "frozen"}),
+                            ("cifar10_ws_bn", {})):
+      with self.subTest(preset, **options):
         model_dir = self.create_tempdir().full_path
         config = configs.override(
-            configs.PRESETS[preset], dataset="synthetic", width=0.125,
+            configs.PRESETS[preset], **options, dataset="synthetic",
+            width=0.125,
             units=(1,), batch_size=16, train_steps=4, warmup_steps=0,
             lr_boundaries=(), checkpoint_steps=2, log_steps=2,
             steps_per_loop=2, num_train_examples=48, num_eval_examples=32,
@@ -410,6 +471,18 @@ class TrainResumeExportTest(absltest.TestCase):
         model, run, step = checkpoints.restore_model(model_dir)
         self.assertEqual(run.preprocessing.image_size, 32)
         self.assertEqual((step, run.config.model), (6, config.model))
+        self.assertEqual(run.config, dataclasses.replace(config,
+                                                         train_steps=6))
+        if preset == "cifar10_ws":
+          for unit in _units(model):
+            # Six steps moved the branch gains off 0 (each unit's
+            # gradient is its branch's); a frozen WS gain is still 1.
+            self.assertNotEqual(float(unit.branch_gain), 0.0)
+            gain = unit.conv1.gain.numpy()
+            if options:
+              np.testing.assert_array_equal(gain, 1.0)
+            else:
+              self.assertFalse(np.all(gain == 1.0))
         export_dir = os.path.join(model_dir, "export")
         _, version_dir, info = export.export_run(model_dir, export_dir)
         self.assertEqual(info["model"]["name"], config.model)
@@ -436,6 +509,210 @@ def _standardised(raw, preprocessing):
     return ((raw - mean) / std).astype(np.float32)
   return ((raw - np.array(preprocessing.mean))
           / np.array(preprocessing.std)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# The peers (identity_tf.peers) against their papers, each formula written
+# out here, on units and draws that tell the alternatives apart.
+
+def _conv(x, kernel, strides=1):
+  """A 'same' convolution of X by KERNEL (TensorFlow's primitive)."""
+  return tf.nn.conv2d(x, kernel, strides, "SAME").numpy()
+
+
+def _randomise(layer, seed, scale=0.3):
+  """Every weight of LAYER drawn from N(0, SCALE^2): nothing left at the
+  zeros or ones of an initialisation that would hide a missing term."""
+  rng = np.random.default_rng(seed)
+  for w in layer.weights:
+    w.assign(scale * rng.standard_normal(w.shape).astype(np.float32))
+
+
+def _unit(model, stage, index=1):
+  return model.get_layer(f"stage{stage}_unit{index}")
+
+
+class FixupPeerTest(absltest.TestCase):
+  """Fixup's network (Zhang, Dauphin & Ma, 2019) as its authors' CIFAR code
+  builds it: C1 He-normal by fan-out over sqrt(L), the stem at PyTorch's
+  default draw, scalar biases before the stem's ReLU and the classifier."""
+
+  def test_c1_is_drawn_by_fan_out_where_it_differs_from_fan_in(self):
+    # Stage 2's first unit at width 0.5: 32 channels in, 64 out, so the
+    # fan-in (9 x 32) is half the fan-out (9 x 64); L = 3 branches.
+    model = model_lib.build_model("fixup", width=0.5, units=1, classes=10)
+    unit = _unit(model, 2)
+    kernel = unit.conv1.kernel.numpy()
+    self.assertEqual(kernel.shape, (3, 3, 32, 64))
+    fan_out = 9 * 64
+    expected = math.sqrt(2 / fan_out) / math.sqrt(3)
+    self.assertAlmostEqual(kernel.std() / expected, 1.0, delta=0.04)
+    # Untruncated, as the authors' normal_(0, std): about 1.2 % of the
+    # entries lie beyond 2.5 standard deviations (none if truncated at 2).
+    beyond = np.mean(np.abs(kernel) > 2.5 * expected)
+    self.assertBetween(beyond, 0.006, 0.02)
+
+  def test_the_stem_is_pytorchs_default_draw_then_bias_then_relu(self):
+    model = model_lib.build_model("fixup", width=1.0, units=1, classes=10,
+                                  seed=1)
+    stem = model.get_layer("stem1")
+    kernel = stem.kernel.numpy()
+    # U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = 3 x 3 x 3.
+    bound = 1 / math.sqrt(27)
+    self.assertLessEqual(np.abs(kernel).max(), bound)
+    self.assertGreater(np.abs(kernel).max(), 0.9 * bound)
+    self.assertAlmostEqual(kernel.std() / (bound / math.sqrt(3)), 1.0,
+                           delta=0.12)
+    model.get_layer("stem1_bias").bias.assign(-0.05)
+    x = _images(2)
+    relu = keras.Model(model.input, model.get_layer("stem1_relu").output)
+    np.testing.assert_allclose(
+        relu(x).numpy(), np.maximum(_conv(x, kernel) - 0.05, 0), atol=1e-5)
+
+  def test_the_classifier_adds_its_scalar_bias_to_the_pooled_features(self):
+    model = model_lib.build_model("fixup", width=0.125, units=1, classes=10,
+                                  seed=2)
+    for layer in _units(model):
+      _randomise(layer, 3)
+    head = model.get_layer("projection")
+    rng = np.random.default_rng(4)
+    head.kernel.assign(rng.standard_normal(head.kernel.shape))
+    head.bias.assign(rng.standard_normal(head.bias.shape))
+    model.get_layer("classifier_bias").bias.assign(0.7)
+    x = _images(3)
+    features = keras.Model(model.input,
+                           model.get_layer("pool").output)(x).numpy()
+    self.assertGreater(np.abs(features).max(), 1e-3)
+    np.testing.assert_allclose(
+        model(x).numpy(),
+        (features + 0.7) @ head.kernel.numpy() + head.bias.numpy(),
+        rtol=1e-4, atol=1e-5)
+
+  def test_a_unit_that_keeps_its_shape_adds_x_itself(self):
+    # The authors' identity = x: the shortcut of a unit that keeps the
+    # shape is not shifted by bias1a (a downsampling one's is).
+    unit = fixup.FixupUnit(4, strides=1, num_branches=4, seed=1)
+    x = _images(2, channels=4, size=6)
+    unit(x)
+    _randomise(unit, 6, scale=1.0)
+    b1a, b1b, b2a, s, b2b = (float(getattr(unit, n).numpy()) for n in (
+        "bias1a", "bias1b", "bias2a", "scale", "bias2b"))
+    hidden = np.maximum(_conv(x + b1a, unit.conv1.kernel) + b1b, 0)
+    branch = _conv(hidden + b2a, unit.conv2.kernel) * s + b2b
+    np.testing.assert_allclose(unit(x).numpy(), np.maximum(x + branch, 0),
+                               rtol=1e-5, atol=1e-5)
+
+
+class SkipInitPeerTest(absltest.TestCase):
+  """SkipInit's unit (De & Smith, 2020, Section 4) with every weight set:
+  x -> S(x) + a C2(ReLU(C1(ReLU(x))))."""
+
+  def test_the_unit_is_its_formula_with_the_gain_open(self):
+    for filters, strides, channels in ((4, 1, 4), (6, 2, 4)):
+      with self.subTest(strides=strides):
+        unit = skipinit.SkipInitUnit(filters, strides=strides, seed=3)
+        x = _images(2, channels=channels, size=8)
+        unit(x)
+        _randomise(unit, 7)
+        unit.skip_gain.assign(0.8)
+        branch = _conv(np.maximum(_conv(np.maximum(x, 0), unit.conv1.kernel,
+                                        strides), 0), unit.conv2.kernel)
+        np.testing.assert_allclose(
+            unit(x).numpy(),
+            _pool_pad_shortcut(x, filters, strides) + 0.8 * branch,
+            rtol=1e-5, atol=1e-5)
+
+  def test_convolutions_are_drawn_from_a_normal_not_a_uniform(self):
+    # Both of He et al.'s draws have variance 2 / fan_in; only the normal
+    # (Keras's, truncated at 2 of its standard deviations) reaches past
+    # sqrt(3) standard deviations, the uniform's edge.
+    model = model_lib.build_model("skipinit", width=0.5, units=1, classes=10)
+    kernel = _unit(model, 3).conv2.kernel.numpy()
+    self.assertAlmostEqual(kernel.std() / math.sqrt(2 / (9 * 128)), 1.0,
+                           delta=0.03)
+    self.assertGreater(np.abs(kernel).max() / kernel.std(), 2.0)
+
+  def test_the_network_ends_in_a_relu_before_its_trained_classifier(self):
+    model = model_lib.build_model("skipinit", width=0.125, units=1,
+                                  classes=10, seed=1)
+    for layer in _units(model):
+      _randomise(layer, 8)
+    x = _images(2)
+    last = keras.Model(model.input, _units(model)[-1].output)(x).numpy()
+    self.assertLess(last.min(), 0)  # The ReLU has something to cut.
+    head = model.get_layer("projection")
+    self.assertTrue(head.trainable)
+    np.testing.assert_allclose(
+        model(x).numpy(),
+        np.maximum(last, 0).mean(axis=(1, 2)) @ head.kernel.numpy()
+        + head.bias.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def _numpy_ws(conv):
+  """Scaled weight standardisation written out (Brock et al., 2021,
+  Section 4.2): g (W - mean) / sqrt(max(var fan_in, 1e-4)) per output
+  channel, over the kernel's other axes."""
+  w = conv.kernel.numpy().astype(np.float64)
+  fan_in = np.prod(w.shape[:-1])
+  mean = w.mean(axis=(0, 1, 2))
+  var = w.var(axis=(0, 1, 2))
+  return ((w - mean) / np.sqrt(np.maximum(var * fan_in, 1e-4))
+          * conv.gain.numpy()).astype(np.float32)
+
+
+class NFResNetPeerTest(absltest.TestCase):
+  """NF-ResNet's unit (Brock, De & Smith, 2021, Section 4): h -> S(h) +
+  alpha a C2(gamma ReLU(C1(x))), x = gamma ReLU(h) / beta with beta the
+  expected std of h, which grows by alpha^2 in variance per unit and is
+  reset by each stage's first unit (its shortcut takes x)."""
+
+  ALPHA = 0.2
+  GAMMA = math.sqrt(2 / (1 - 1 / math.pi))
+
+  def test_each_units_beta_is_its_inputs_expected_std(self):
+    per_stage = 3
+    model = model_lib.build_model("nf_resnet", width=0.125, units=per_stage,
+                                  classes=10)
+    units = _units(model)
+    self.assertLen(units, 3 * per_stage)
+    for unit in units:
+      stage, index = (int(n) for n in re.match(
+          r"stage(\d+)_unit(\d+)", unit.name).groups())
+      # Stage 1's first unit sees the stem's unit variance; every later
+      # first unit the previous stage's 1 + per_stage alpha^2; the others
+      # 1 + (index - 1) alpha^2 after their stage's reset.
+      if index == 1:
+        variance = 1.0 if stage == 1 else 1 + per_stage * self.ALPHA ** 2
+      else:
+        variance = 1 + (index - 1) * self.ALPHA ** 2
+      with self.subTest(unit.name):
+        self.assertAlmostEqual(unit.beta, 1 / math.sqrt(variance),
+                               places=12)
+        self.assertAlmostEqual(unit.alpha, self.ALPHA, places=12)
+
+  def test_the_unit_is_its_formula_with_every_weight_set(self):
+    for filters, strides, channels in ((4, 1, 4), (6, 2, 4), (6, 1, 4)):
+      with self.subTest(strides=strides, channels=channels):
+        unit = nf_resnet.NFUnit(filters, strides=strides, beta=0.8, seed=3)
+        h = _images(2, channels=channels, size=8)
+        unit(h)
+        _randomise(unit, 9)
+        unit.skip_gain.assign(0.9)
+        for conv in (unit.conv1, unit.conv2, unit.conv_shortcut):
+          if conv is not None:
+            conv.gain.assign(np.linspace(0.5, 1.5, conv.filters))
+
+        def conv(t, layer, stride=1):
+          return _conv(t, _numpy_ws(layer), stride) + layer.bias.numpy()
+        x = self.GAMMA * np.maximum(h, 0) * 0.8
+        branch = conv(self.GAMMA * np.maximum(conv(x, unit.conv1, strides),
+                                              0), unit.conv2)
+        shortcut = (conv(x, unit.conv_shortcut, strides)
+                    if unit.projects else h)
+        self.assertEqual(unit.projects, (strides, channels) != (1, filters))
+        np.testing.assert_allclose(
+            unit(h).numpy(), shortcut + self.ALPHA * 0.9 * branch,
+            rtol=1e-4, atol=1e-5)
 
 
 if __name__ == "__main__":

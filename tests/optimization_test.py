@@ -140,6 +140,56 @@ class ScheduleTest(absltest.TestCase):
     restored = optimization.LinearWarmup.from_config(schedule.get_config())
     self.assertAlmostEqual(float(restored(49)), 0.05 * 50 / 100, places=7)
 
+  def test_cosine_is_its_closed_form_over_the_run_with_and_without_warmup(
+      self):
+    # Loshchilov & Hutter's decay without restarts over the run's T steps,
+    # lr0 (1 + cos(pi min(t, T) / T)) / 2, times the warm-up's
+    # min(1, (t + 1) / W): every preset that decays so (NF-ResNet's, with
+    # a warm-up of 5 epochs of 90; the paper's network and its batch-norm
+    # twin in NF-ResNet's schedule, without one), and a short run of each
+    # kind.
+    def closed_form(step, lr0, steps, warmup):
+      rate = lr0 * (1 + math.cos(math.pi * min(step, steps) / steps)) / 2
+      return rate * (min(1.0, (step + 1) / warmup) if warmup else 1.0)
+    presets = [c for c in configs.PRESETS.values()
+               if c.lr_schedule == "cosine"]
+    self.assertGreaterEqual(len(presets), 2)
+    self.assertTrue(any(c.warmup_steps for c in presets))
+    short = configs.override(configs.PRESETS["cifar10_paper"],
+                             lr_schedule="cosine", lr_boundaries=(),
+                             train_steps=1000, learning_rate=0.3)
+    arm_config = configs.override(short, train_steps=70000,
+                                  learning_rate=0.05)
+    for config in presets + [short, configs.override(short,
+                                                     warmup_steps=100)]:
+      steps, warmup = config.train_steps, config.warmup_steps
+      self.assertEqual(config.lr_schedule, "cosine")
+      schedule = optimization.learning_rate_schedule(
+          run_lib.make_schedule(config, 391.0))
+      for step in sorted({0, 1, warmup // 2, max(warmup - 1, 0), warmup,
+                          steps // 4, steps // 2, 3 * steps // 4,
+                          steps - 1, steps, steps + 100}):
+        with self.subTest(preset=config.preset, step=step):
+          self.assertAlmostEqual(
+              float(schedule(step)),
+              closed_form(step, config.learning_rate, steps, warmup),
+              delta=1e-6 * config.learning_rate)
+    # Half-way through a run without warm-up the rate is half the initial.
+    schedule = optimization.learning_rate_schedule(
+        run_lib.make_schedule(arm_config, None))
+    self.assertAlmostEqual(float(schedule(arm_config.train_steps // 2)),
+                           arm_config.learning_rate / 2, places=6)
+
+  def test_constant_and_boundary_free_piecewise_rates_never_change(self):
+    for config in (configs.PRESETS["smoke"],
+                   configs.override(configs.PRESETS["cifar10_paper"],
+                                    lr_boundaries=())):
+      rate = optimization.learning_rate_schedule(
+          run_lib.make_schedule(config, None))
+      values = [float(rate(step)) if callable(rate) else float(rate)
+                for step in (0, 1, 1000, 10**6)]
+      np.testing.assert_allclose(values, config.learning_rate, rtol=1e-7)
+
   def test_exponential_schedule_needs_the_epoch_length(self):
     config = configs.PRESETS["imagenet_paper_literal"]
     with self.assertRaisesRegex(ValueError, "number of training examples"):
@@ -155,7 +205,7 @@ class ReplicasTest(absltest.TestCase):
   def _trained(self, strategy, **clipping):
     config = configs.override(
         configs.PRESETS["smoke"], width=0.0625, units=(1,), batch_size=8,
-        learning_rate=0.5, weight_decay=0.0, **clipping)
+        learning_rate=0.5, **{"weight_decay": 0.0, **clipping})
     info = tfds_data.dataset_info("synthetic")
     rng = np.random.default_rng(3)
     images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
@@ -197,6 +247,17 @@ class ReplicasTest(absltest.TestCase):
       self.assertGreater(
           max(float(np.max(np.abs(a - b)))
               for a, b in zip(one_weights, unclipped)), 1e-4)
+
+  def test_two_replicas_decay_like_one(self):
+    # The L2 term is the global batch's once, not once per replica.
+    one_weights, _ = self._trained(tf.distribute.get_strategy(),
+                                   weight_decay=0.2)
+    two_weights, _ = self._trained(testing.two_replicas(), weight_decay=0.2)
+    for a, b in zip(one_weights, two_weights):
+      np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+    undecayed, _ = self._trained(tf.distribute.get_strategy())
+    self.assertGreater(max(float(np.max(np.abs(a - b)))
+                           for a, b in zip(one_weights, undecayed)), 1e-4)
 
 
 def _numpy_cross_entropy(logits, targets):
@@ -307,6 +368,197 @@ class MixupTest(absltest.TestCase):
                         zip(weights(whole), weights(plain))))  # It mixes.
     with self.assertRaisesRegex(ValueError, "--mixup_alpha must be >= 0"):
       configs.override(config, mixup_alpha=-1.0)
+
+
+class TrainStepTest(absltest.TestCase):
+  """The optimiser and one training step against SGD written out here:
+  momentum and Nesterov's momentum (Keras's SGD, whose recursion the
+  configuration's `momentum` means), the global clip only during the first
+  grad_clip_steps, the smoothed loss, batch norm's batch statistics."""
+
+  def test_momentum_and_nesterov_are_sgds_recursions(self):
+    # m <- mu m - lr_t g_t; plain: w <- w + m; Nesterov: w <- w + mu m -
+    # lr_t g_t. The rate drops tenfold after step 1 (a piecewise schedule
+    # with one boundary), so the schedule is followed step by step.
+    rng = np.random.default_rng(4)
+    gradients = [rng.standard_normal(3).astype(np.float32) for _ in range(4)]
+    start = rng.standard_normal(3).astype(np.float32)
+    for nesterov in (False, True):
+      config = configs.override(
+          configs.PRESETS["cifar10_paper_literal"], learning_rate=0.1,
+          momentum=0.7, nesterov=nesterov, lr_boundaries=(1,))
+      optimizer = optimization.build_optimizer(
+          run_lib.prepare(config, tfds_data.dataset_info("synthetic"), None))
+      variable = tf.Variable(start)
+      optimizer.build([variable])
+      w, m = start.astype(np.float64), np.zeros(3)
+      for step, g in enumerate(gradients):
+        rate = 0.1 if step <= 1 else 0.01
+        optimizer.apply_gradients([(tf.constant(g), variable)])
+        m = 0.7 * m - rate * g
+        w = w + (0.7 * m - rate * g if nesterov else m)
+        np.testing.assert_allclose(variable.numpy(), w, rtol=1e-5,
+                                   atol=1e-7, err_msg=f"nesterov={nesterov}")
+
+  def _net(self, **overrides):
+    """(config, model, optimizer, one batch) of a tiny smoke run with plain
+    SGD (no momentum, no weight decay) unless OVERRIDES say otherwise."""
+    config = configs.override(
+        configs.PRESETS["smoke"], **{
+            "width": 0.0625, "units": (1,), "batch_size": 8,
+            "learning_rate": 0.1, "momentum": 0.0, "weight_decay": 0.0,
+            **overrides})
+    run = run_lib.prepare(config, tfds_data.dataset_info("synthetic"), None)
+    keras.utils.set_random_seed(0)
+    model = model_lib.build_model(**run.model_arguments())
+    optimizer = optimization.build_optimizer(run)
+    optimizer.build(model.trainable_variables)
+    rng = np.random.default_rng(6)
+    images = rng.standard_normal((8, 32, 32, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 8).astype(np.int32)
+    return config, model, optimizer, (images, labels)
+
+  def _stepper(self, config, model, optimizer, batch):
+    """() -> one step of `make_train_step` on BATCH, its output as NumPy."""
+    strategy = tf.distribute.get_strategy()
+    steps = step_lib.make_train_step(strategy, model, optimizer, config)
+    iterator = iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(batch).repeat()))
+    return lambda: tf.nest.map_structure(
+        np.asarray, steps(iterator, tf.constant(1)))
+
+  def _gradient(self, model, batch):
+    """The gradient of the batch's mean cross-entropy, by a tape here."""
+    images, labels = batch
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+          labels, model(images, training=True), from_logits=True))
+    return [g.numpy() for g in tape.gradient(loss,
+                                             model.trainable_variables)]
+
+  def test_the_global_clip_acts_only_during_the_first_grad_clip_steps(self):
+    limit = 1e-3
+    for clip_steps in (0, 1):
+      config, model, optimizer, batch = self._net(grad_clip_norm=limit,
+                                                  grad_clip_steps=clip_steps)
+      step = self._stepper(config, model, optimizer, batch)
+      for index in range(2):
+        gradient = self._gradient(model, batch)
+        norm = math.sqrt(sum(float(np.sum(np.square(g.astype(np.float64))))
+                             for g in gradient))
+        self.assertGreater(norm, 10 * limit)  # The clip changes the step.
+        # 0: clipped throughout; N: steps 0..N-1 (iterations < N) only.
+        clipped = clip_steps == 0 or index < clip_steps
+        factor = limit / norm if clipped else 1.0
+        before = [w.numpy() for w in model.trainable_variables]
+        out = step()
+        self.assertAlmostEqual(float(out["grad_norm"]), norm,
+                               delta=1e-4 * norm)
+        for w, b, g in zip(model.trainable_variables, before, gradient):
+          expected = -0.1 * factor * g
+          np.testing.assert_allclose(
+              w.numpy() - b, expected, rtol=1e-3,
+              atol=1e-3 * float(np.max(np.abs(expected))) + 1e-12,
+              err_msg=f"grad_clip_steps={clip_steps}, step {index}")
+
+  def test_weight_decay_adds_its_gradient_to_the_scopes_weights_only(self):
+    # Section 4.1's L2 term wd ||W||^2 / 2: its gradient wd W joins the
+    # data gradient of the decayed weights -- rank-4 kernels
+    # ("convolutions"), every kernel ("kernels"), every trained weight
+    # ("all") -- and no other. Fixup's network has all three kinds.
+    decay = 0.5
+    # (The default scope's weights: RecipeTest in normfree_test.py.)
+    chosen = {"kernels": lambda w: len(w.shape) >= 2,
+              "all": lambda w: True}
+    for scope, decayed in chosen.items():
+      config, model, optimizer, batch = self._net(
+          model="fixup", weight_decay=decay, weight_decay_scope=scope)
+      rng = np.random.default_rng(2)
+      for w in model.trainable_variables:
+        w.assign(0.1 * rng.standard_normal(w.shape).astype(np.float32))
+      gradient = self._gradient(model, batch)
+      images, labels = batch
+      plain = _numpy_cross_entropy(model(images).numpy(),
+                                   np.eye(10)[labels]).sum()
+      before = [w.numpy() for w in model.trainable_variables]
+      out = self._stepper(config, model, optimizer, batch)()
+      # The reported loss is the data's alone.
+      self.assertAlmostEqual(float(out["loss_sum"]), plain,
+                             delta=1e-5 * plain)
+      for w, b, g in zip(model.trainable_variables, before, gradient):
+        expected = -0.1 * (g + (decay * b if decayed(w) else 0.0))
+        np.testing.assert_allclose(
+            w.numpy() - b, expected, rtol=1e-3,
+            atol=1e-3 * float(np.max(np.abs(expected))) + 1e-12,
+            err_msg=f"{scope}: {w.path}")
+      self.assertTrue(any(not decayed(w) for w in model.trainable_variables)
+                      or scope == "all")
+
+  def test_the_step_minimises_the_smoothed_loss_it_reports(self):
+    # Batch norm's network: a trained head, logits far from uniform.
+    smoothing = 0.2
+    config, model, optimizer, batch = self._net(model="resnet_bn",
+                                                label_smoothing=smoothing)
+    images, labels = batch
+    logits = model(images, training=True).numpy()
+    target = (1 - smoothing) * np.eye(10)[labels] + smoothing / 10
+    expected = _numpy_cross_entropy(logits, target).sum()
+    out = self._stepper(config, model, optimizer, batch)()
+    self.assertAlmostEqual(float(out["loss_sum"]), expected,
+                           delta=1e-5 * expected)
+    # Smoothing changes the loss of these logits measurably.
+    self.assertGreater(abs(expected - _numpy_cross_entropy(
+        logits, np.eye(10)[labels]).sum()), 1e-3 * expected)
+    # Top-1 of the same logits, over the batch's examples.
+    self.assertEqual(float(out["correct"]),
+                     np.sum(np.argmax(logits, axis=1) == labels))
+    self.assertEqual(float(out["examples"]), 8)
+
+  def test_mixup_mixes_each_step_with_the_runs_seed_and_the_step(self):
+    # Step t mixes its batch as `step.mixup` with seed [1024 seed +
+    # replica, t] (the same mix on resuming): the reported loss is the
+    # mixed loss of that mix, a new one every step.
+    config, model, optimizer, batch = self._net(model="resnet_bn",
+                                                mixup_alpha=1.0, seed=3)
+    images, labels = batch
+    step = self._stepper(config, model, optimizer, batch)
+    lams = []
+    for index in range(2):
+      mixed, partners, lam = step_lib.mixup(
+          images, labels, 1.0, tf.constant([3 * 1024, index], tf.int64))
+      lam = float(lam)
+      lams.append(lam)
+      logits = model(mixed, training=True).numpy()
+      eye = np.eye(10)
+      expected = _numpy_cross_entropy(
+          logits, lam * eye[labels] + (1 - lam) * eye[partners.numpy()])
+      out = step()
+      self.assertAlmostEqual(float(out["loss_sum"]), expected.sum(),
+                             delta=1e-5 * expected.sum(), msg=index)
+    self.assertNotAlmostEqual(lams[0], lams[1], places=3)
+
+  def test_batch_norm_trains_on_the_batchs_statistics(self):
+    config, model, optimizer, batch = self._net(model="resnet_bn")
+    images, labels = batch
+    norms = testing.normalization_layers(model)
+    self.assertNotEmpty(norms)
+    # The two forward passes a step could take, before it takes one (the
+    # first moves the moving statistics: read after it).
+    batch_logits = model(images, training=True).numpy()
+    moving_logits = model(images, training=False).numpy()
+    stats = [(n.moving_mean.numpy(), n.moving_variance.numpy()) for n in norms]
+    onehot = np.eye(10)[labels]
+    with_batch = _numpy_cross_entropy(batch_logits, onehot).sum()
+    with_moving = _numpy_cross_entropy(moving_logits, onehot).sum()
+    self.assertGreater(abs(with_batch - with_moving), 1e-2 * with_batch)
+    out = self._stepper(config, model, optimizer, batch)()
+    self.assertAlmostEqual(float(out["loss_sum"]), with_batch,
+                           delta=1e-5 * with_batch)
+    # And the step moves the moving statistics towards the batch's.
+    for norm, (mean, variance) in zip(norms, stats):
+      self.assertGreater(np.max(np.abs(norm.moving_mean.numpy() - mean))
+                         + np.max(np.abs(norm.moving_variance.numpy()
+                                         - variance)), 1e-6, norm.name)
 
 
 class WeightAverageTest(absltest.TestCase):

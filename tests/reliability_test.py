@@ -28,6 +28,7 @@ REQUIRED = {
     "export": ["--model_dir=/nonexistent/run", "--export_dir=/nonexistent/e"],
     "linear_theory": ["descend"],
     "prepare_data": ["--dataset=synthetic"],
+    "results_tables": ["--results_dir=/nonexistent/results"],
     "serve_client": ["--model_name=m", "image.png"],
     "sharpness": ["--model_dir=/nonexistent/run"],
     "study": ["--study=smoke"],
@@ -649,6 +650,248 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
     self._train(model_dir, "--train_steps=20", "--weight_decay=1e-4")
     stored = json.loads(self._config_json(model_dir))
     self.assertEqual(stored["config"]["weight_decay"], 1e-4)
+
+
+# Issue 75. TensorFlow's C++ start-up lines (the CUDA stubs, cuInit,
+# oneDNN, cpu_feature_guard, absl's notice before its log is initialised):
+# none of a binary's own.
+_START_UP_LINES = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog"
+    r"|[IWEF]\d{4} [\d:.]+\s+\d+ \w+\.cc:\d+\]"
+    r"|To enable the following instructions)")
+# Where Keras and Matplotlib would write if the environment did not say.
+_HOME_VARIABLES = ("KERAS_HOME", "MPLCONFIGDIR", "XDG_CACHE_HOME",
+                   "XDG_CONFIG_HOME")
+
+
+def _home_env(home):
+  """Our environment with HOME=HOME (a writable, empty directory, where a
+  write would show) and nothing else pointing Keras or Matplotlib away."""
+  env = {k: v for k, v in os.environ.items() if k not in _HOME_VARIABLES}
+  env["HOME"] = home
+  return env
+
+
+def _everything_under(directory):
+  return sorted(os.path.relpath(os.path.join(root, name), directory)
+                for root, dirs, names in os.walk(directory)
+                for name in dirs + names)
+
+
+def _closed_stdout(binary, *args, env=None):
+  """(exit status, stderr) of bin/BINARY.py with ARGS whose stdout's reader
+  is gone from the start, as in `BINARY ... | true`."""
+  process = subprocess.Popen(testing.binary_command(binary, *args),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=testing.binary_env(env))
+  process.stdout.close()
+  stderr = process.stderr.read()
+  process.stderr.close()
+  return process.wait(timeout=600), stderr
+
+
+_CLOSED_LINE = ("error: the output was closed before the command could write "
+                "all of it (a pipe's reader such as head exited); what it "
+                "wrote to files is whole: run it again without closing its "
+                "output to see the rest")
+
+
+class ClosedOutputTest(testing.SharedRootTestCase):
+  """Items 3 and 9: a closed stdout is one line after the work, whose files
+  are whole; no binary writes into the home directory."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.home = os.path.join(cls.root, "home")
+    os.makedirs(cls.home)
+    cls.model_dir = os.path.join(cls.root, "run")
+    cls.train = _closed_stdout("train", *SMOKE, "--train_steps=10",
+                               f"--model_dir={cls.model_dir}",
+                               env=_home_env(cls.home))
+
+  def _assert_closed(self, status, stderr):
+    self.assertEqual(status, 1, stderr[-2000:])
+    self.assertNotIn("Traceback", stderr)
+    self.assertNotIn("Exception ignored", stderr)
+    self.assertEqual(stderr.strip().splitlines()[-1], _CLOSED_LINE)
+
+  def test_a_closed_stdout_is_one_line_and_the_files_are_whole(self):
+    self._assert_closed(*self.train)
+    with open(os.path.join(self.model_dir, "checkpoint")) as f:
+      self.assertIn("ckpt-10", f.read())
+    status, stderr = _closed_stdout("evaluate", f"--model_dir={self.model_dir}",
+                                    "--num_examples=100",
+                                    env=_home_env(self.home))
+    self._assert_closed(status, stderr)
+    with open(os.path.join(self.model_dir, "metrics.jsonl")) as f:
+      records = [json.loads(line) for line in f]
+    self.assertEqual([r["eval"]["examples"] for r in records
+                      if r.get("source") == "evaluate"], [100])
+    # A study's report over the run, as the first run of the smoke study.
+    output_dir = os.path.join(self.root, "study")
+    shutil.copytree(self.model_dir, os.path.join(output_dir, "smoke",
+                                                 "seed0"))
+    status, stderr = _closed_stdout("study", "--study=smoke", "--report_only",
+                                    f"--output_dir={output_dir}",
+                                    env=_home_env(self.home))
+    self._assert_closed(status, stderr)
+    with open(os.path.join(output_dir, "results.json")) as f:
+      self.assertEqual(json.load(f)["arms"][0]["runs"][0]["model_dir"],
+                       os.path.join(output_dir, "smoke", "seed0"))
+    self.assertEqual(_everything_under(self.home), [])
+
+  def test_no_binary_writes_into_home_or_prints_start_up_lines(self):
+    # Item 10 too: a report named with 250 characters, a legal name.
+    home = os.path.join(self.root, "home2")
+    os.makedirs(home)
+    report = os.path.join(self.root, "r" * 245 + ".json")
+    plot = os.path.join(self.root, "landscape.png")
+    png = os.path.join(self.root, "img.png")
+    with open(png, "wb") as f:
+      f.write(testing.PNG_SIGNATURE + bytes(100))
+    results = {
+        "linear_theory": testing.run_binary(
+            "linear_theory", "landscape", "--d=2", "--depths=2",
+            "--taus=0.1", "--starts=1", "--steps=5", f"--output={report}",
+            f"--plot={plot}", env=_home_env(home)),
+        "serve_client": testing.run_binary(
+            "serve_client", f"--server=127.0.0.1:{testing.free_ports(1)[0]}",
+            "--model_name=m", png, env=_home_env(home)),
+    }
+    for name, result in results.items():
+      with self.subTest(name):
+        self.assertEqual(result.returncode,
+                         1 if name == "serve_client" else 0,
+                         result.stderr[-2000:])
+        self.assertEqual([line for line in result.stderr.splitlines()
+                          if _START_UP_LINES.match(line)], [])
+    self.assertIn("cannot reach TF Serving's REST API",
+                  testing.last_stderr_line(results["serve_client"]))
+    with open(plot, "rb") as f:
+      self.assertEqual(f.read(8), testing.PNG_SIGNATURE)
+    with open(report) as f:
+      self.assertEqual(json.load(f)["output"], report)
+    self.assertEqual(sorted(name for name in os.listdir(self.root)
+                            if ".tmp" in name), [])
+    self.assertEqual(_everything_under(home), [])
+    self.assertEqual(_everything_under(self.home), [])
+
+
+class AtomicWriterTest(absltest.TestCase):
+  """Item 10: every legal name is written whole; a name or a directory that
+  cannot take the file is refused before the work."""
+
+  def test_the_longest_legal_names_are_written_and_others_refused(self):
+    from identity_tf import errors  # pylint: disable=g-import-not-at-top
+    from identity_tf import files  # pylint: disable=g-import-not-at-top
+    directory = self.create_tempdir().full_path
+    # 255 bytes each, the most a Linux filesystem takes; one of two-byte
+    # characters.
+    names = ["a" * 255, "\u00e9" * 127 + "x", "b" * 251 + ".png"]
+    for name in names:
+      with self.subTest(name=name[:8]):
+        path = os.path.join(directory, name)
+        self.assertLen(os.fsencode(name), 255)
+        files.check_output_file(path, "--output")
+        files.write_text_atomically(path, "whole\n")
+        files.write_atomically(path, lambda temporary: shutil.copy(
+            os.path.join(directory, names[0]), temporary), suffix=".png")
+        with open(path) as f:
+          self.assertEqual(f.read(), "whole\n")
+    self.assertEqual(sorted(os.listdir(directory)), sorted(names))
+    longer = os.path.join(directory, "c" * 256)
+    with self.assertRaises(errors.OutputError) as caught:
+      files.check_output_file(longer, "--output=LONG")
+    self.assertEqual(str(caught.exception),
+                     "--output=LONG: the file name is 256 bytes long, more "
+                     "than the 255 its filesystem takes; give a shorter name")
+    # A directory that takes no new file, for any user (root included).
+    with self.assertRaises(errors.OutputError) as caught:
+      files.check_output_file("/proc/report.json", "--output=/proc/r")
+    self.assertStartsWith(str(caught.exception),
+                          "--output=/proc/r: cannot write into /proc (")
+    self.assertEqual(sorted(os.listdir(directory)), sorted(names))
+
+
+class IntegerBoundsTest(testing.SharedRootTestCase):
+  """Item 8: an integer too large for what the run can count is refused up
+  front, by every binary, in one line; nothing is written."""
+
+  def test_every_integer_setting_is_bounded(self):
+    from identity_tf import configs  # pylint: disable=g-import-not-at-top
+    from identity_tf import errors  # pylint: disable=g-import-not-at-top
+    import dataclasses  # pylint: disable=g-import-not-at-top
+    base = configs.PRESETS["smoke"]
+    checked = []
+    for field in dataclasses.fields(configs.Config):
+      if field.type is int or (field.type is tuple and field.name in (
+          "units", "lr_boundaries")):
+        huge = 2**32 if field.name == "seed" else 2**31
+        for value in ((huge, -huge) if field.type is int else
+                      ((1, huge),)):
+          with self.subTest(field=field.name, value=value):
+            with self.assertRaises(errors.ConfigError) as caught:
+              configs.override(base, **{field.name: value})
+            self.assertStartsWith(str(caught.exception), f"--{field.name}")
+            checked.append(field.name)
+    self.assertContainsSubset({"train_steps", "batch_size", "units",
+                               "checkpoint_steps", "num_train_examples"},
+                              set(checked))
+
+  def test_a_huge_integer_flag_is_refused_before_anything_runs(self):
+    model_dir = os.path.join(self.root, "run")
+    huge = 10**20
+    cases = [
+        ("train", [*SMOKE, f"--train_steps={huge}",
+                   f"--model_dir={model_dir}"], "train_steps"),
+        ("train", [*SMOKE, f"--units=1,{2**40}",
+                   f"--model_dir={model_dir}"], "units"),
+        ("train", [*SMOKE, f"--checkpoint_steps={-huge}",
+                   f"--model_dir={model_dir}"], "checkpoint_steps"),
+        ("evaluate", [f"--model_dir={model_dir}", f"--num_examples={huge}"],
+         "num_examples"),
+        ("serve_client", ["--model_name=m", f"--top_k={huge}", "x.png"],
+         "top_k"),
+        ("linear_theory", ["descend", f"--steps={huge}"], "steps"),
+        ("study", ["--study=smoke", f"--seeds={huge}",
+                   f"--output_dir={self.root}/study"], "seeds"),
+        ("summary", [f"--units=1,{huge}"], "units"),
+    ]
+    for binary, args, flag in cases:
+      with self.subTest(binary=binary, flag=flag):
+        result = testing.run_binary(binary, *args)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        line = testing.last_stderr_line(result)
+        self.assertRegex(line, rf"^error: --{flag}=\S*\d{{10,}} is beyond "
+                         r"\d+")
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(sorted(os.listdir(self.root)), [])
+
+
+class BazelSymlinksTest(absltest.TestCase):
+  """Item 12: Bazel's convenience symlinks go where `//...` does not look,
+  whichever output base they point into."""
+
+  def test_every_convenience_symlink_is_ignored(self):
+    # The checkout itself (under Bazel, this file's runfiles link leads
+    # there): .bazelrc and .bazelignore are no target's data.
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    with open(os.path.join(root, ".bazelrc")) as f:
+      prefixes = re.findall(r"^build\s+--symlink_prefix=(\S+)\s*$", f.read(),
+                            re.MULTILINE)
+    with open(os.path.join(root, ".bazelignore")) as f:
+      ignored = {line.strip().rstrip("/") for line in f
+                 if line.strip() and not line.startswith("#")}
+    self.assertLen(prefixes, 1, "no --symlink_prefix: the links are "
+                   "bazel-<directory>, a name .bazelignore cannot know")
+    # A directory of links, so that its name is fixed whatever the
+    # checkout's directory is called; and bazel-out, which Bazel makes
+    # whatever the prefix.
+    self.assertTrue(prefixes[0].endswith("/"), prefixes[0])
+    self.assertIn(prefixes[0].rstrip("/"), ignored)
+    self.assertIn("bazel-out", ignored)
 
 
 if __name__ == "__main__":

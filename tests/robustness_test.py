@@ -9,17 +9,21 @@ import glob
 import gzip
 import io
 import json
+import math
 import os
 import re
+import resource
 import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tarfile
 import threading
 import time
 import zipfile
+import zlib
 
 from absl.testing import absltest
 import numpy as np
@@ -183,7 +187,7 @@ class ForeignCheckpointTest(testing.SharedRootTestCase):
     testing.run_binaries("train", {
         "plain": [*TINY, "--train_steps=10",
                   f"--model_dir={cls.runs['plain']}"],
-        "skipinit": [*TINY, "--train_steps=10", "--residual=skipinit",
+        "skipinit": [*TINY, "--train_steps=10", "--branch_gain=zero",
                      f"--model_dir={cls.runs['skipinit']}"],
         "wide": [*TINY[:1], "--width=0.125", *TINY[2:], "--train_steps=10",
                  f"--model_dir={cls.runs['wide']}"]}, workers=2)
@@ -206,9 +210,9 @@ class ForeignCheckpointTest(testing.SharedRootTestCase):
                   "was restored", line)
 
   def test_evaluate_and_export_refuse_another_network(self):
-    cases = [("skipinit", "plain", "residual='plain'", "residual='skipinit'",
-              "3 of the network's"),
-             ("plain", "skipinit", "residual='skipinit'", "residual='plain'",
+    cases = [("skipinit", "plain", "branch_gain='none'",
+              "branch_gain='zero'", "3 of the network's"),
+             ("plain", "skipinit", "branch_gain='zero'", "branch_gain='none'",
               "3 of its variables are not in the network"),
              ("plain", "wide", "width=0.125", "width=0.0625",
               "differ in shape")]
@@ -894,6 +898,192 @@ class MalformedFilesTest(testing.SharedRootTestCase):
     with open(path) as f:
       return model_dir, path, json.load(f)
 
+  def _copy_of_trained(self, name):
+    """`_trained`'s (model_dir, config.json, description) of a copy in
+    ROOT/NAME of one run trained for every test that asks (with an
+    evaluation at the end, which a study's report reads)."""
+    base = os.path.join(self.root, "trained_once")
+    if not os.path.isdir(base):
+      testing.run_binary("train", *TINY, "--train_steps=10",
+                         f"--model_dir={base}", check=True)
+    model_dir = os.path.join(self.root, name)
+    shutil.copytree(base, model_dir)
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+      return model_dir, path, json.load(f)
+
+  def _refused(self, result, starts, model_dir, before):
+    """RESULT (a binary's) is one line starting with STARTS, and nothing in
+    MODEL_DIR changed from BEFORE."""
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertStartsWith(testing.last_stderr_line(result), starts)
+    self.assertEqual(testing.snapshot(model_dir), before)
+
+  def test_settings_a_newer_version_wrote_are_never_erased(self):
+    # Issue 75, item 2: unknown keys at the top level and in "config".
+    model_dir, path, good = self._copy_of_trained("newer")
+    variants = {
+        "top level": (dict(good, augmentation={"kind": "autoaugment"}),
+                      ["augmentation"]),
+        "config": (dict(good, config=dict(good["config"], stochastic_depth=0.1,
+                                          cutout=16)),
+                   ["config.cutout", "config.stochastic_depth"]),
+    }
+    for name, (description, unknown) in variants.items():
+      with open(path, "w") as f:
+        json.dump(description, f, indent=2)
+      before = testing.snapshot(model_dir)
+      commands = [("train", [f"--model_dir={model_dir}", "--train_steps=20"])]
+      if name == "config":
+        commands.append(("evaluate", [f"--model_dir={model_dir}"]))
+      for binary, args in commands:
+        with self.subTest(variant=name, binary=binary):
+          result = testing.run_binary(binary, *args)
+          self._refused(result, f"error: {path} holds settings this version "
+                        "of identity_tf does not know (", model_dir, before)
+          line = testing.last_stderr_line(result)
+          for key in unknown:
+            self.assertIn(key, line)
+          self.assertIn("use a new --model_dir", line)
+    # What this version writes and reads is known: every field of Config
+    # and the earlier names it translates.
+    import dataclasses  # pylint: disable=g-import-not-at-top
+    from identity_tf import configs  # pylint: disable=g-import-not-at-top
+    from identity_tf.training import config_file  # pylint: disable=g-import-not-at-top
+    every = {f.name: None for f in dataclasses.fields(configs.Config)}
+    every.update({name: None for name in getattr(configs, "LEGACY_FIELDS",
+                                                 ())})
+    self.assertEqual(config_file.unknown_keys(dict(good, config=every,
+                                                   history=[])), [])
+
+  def test_a_config_json_nested_deep_or_a_directory_is_named(self):
+    # Issue 75, items 6 and 7.
+    model_dir, path, good = self._copy_of_trained("deep")
+    text = json.dumps(good)
+    variants = {
+        "nested 200000 deep": "[" * 200_000 + "]" * 200_000,
+        "nested inside config": text.replace(
+            '"config": {', '"config": {"width": ' + "[" * 50_000 +
+            "]" * 50_000 + ", ", 1),
+        "a directory": None,
+    }
+    for name, content in variants.items():
+      os.remove(path) if os.path.isfile(path) else shutil.rmtree(path)
+      if content is None:
+        os.makedirs(path)
+      else:
+        with open(path, "w") as f:
+          f.write(content)
+      before = testing.snapshot(model_dir)
+      commands = [("train", [f"--model_dir={model_dir}", "--train_steps=20"])]
+      if name == "a directory":  # Every binary reads it the same way.
+        commands.append(("evaluate", [f"--model_dir={model_dir}"]))
+      for binary, args in commands:
+        with self.subTest(variant=name, binary=binary):
+          self._refused(testing.run_binary(binary, *args), f"error: {path} ",
+                        model_dir, before)
+
+  def test_a_report_over_damaged_run_records(self):
+    # Issue 75, item 5: the records a training appends past are left out;
+    # what the run recorded is reported as from an intact copy.
+    output_dir = os.path.join(self.root, "study")
+    damaged, _, _ = self._copy_of_trained("study/smoke/seed0")
+    intact, _, _ = self._copy_of_trained("study/smoke/seed1")
+    metrics_file = os.path.join(damaged, "metrics.jsonl")
+    with open(metrics_file) as f:
+      lines = f.readlines()
+    bad = ['[1, 2]', '{"eval": 3}', '{"step": 5, "eval": 3, "time": 1.0}',
+           '{"step": "x", "loss": 1.0, "time": 2.0}', 'null', '"text"', '7',
+           '{"step": 3, "train_steps": 10, "time": 1.0}',
+           '{"step": 7, "start": true}', '{"step": 8, "train_steps": 10, '
+           '"loss": 0.5, "images_per_second": "fast", "time": 3.0}',
+           '{"step": 9, "train_eval": [1], "time": 4.0}',
+           '{"step": 2, "start": true, "machine": 5, "time": 5.0}',
+           '{"step": 4, "eval": {"top1": "high"}, "time": 6.0}',
+           "[" * 100_000 + "]" * 100_000]
+    with open(metrics_file, "wb") as f:
+      middle = len(lines) // 2
+      f.writelines([line.encode() for line in lines[:middle]] +
+                   [line.encode() + b"\n" for line in bad] +
+                   [b"\xff\xfe not UTF-8\n"] +
+                   [line.encode() for line in lines[middle:]])
+    result = testing.run_binary("study", "--study=smoke", "--report_only",
+                                f"--output_dir={output_dir}")
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    with open(os.path.join(output_dir, "results.json")) as f:
+      runs = json.load(f)["arms"][0]["runs"]
+    self.assertEqual([run["seed"] for run in runs], [0, 1])
+    kept = ("status", "final_top1", "best_top1", "curves", "train_set",
+            "images_per_second", "wall_seconds", "machines", "settings",
+            "time_to_top1")
+    self.assertEqual({k: runs[0][k] for k in kept},
+                     {k: runs[1][k] for k in kept})
+    self.assertIsNotNone(runs[0]["final_top1"])
+    # A study.json (how runs ended before metrics.jsonl said it) that is not
+    # one: one line naming it, whichever way it is not.
+    from identity_tf import errors  # pylint: disable=g-import-not-at-top
+    from identity_tf.training import study  # pylint: disable=g-import-not-at-top
+    legacy = os.path.join(intact, "study.json")
+    for name, content in (("a list", "[1]"), ("not JSON", "{"),
+                          ("a number", "3"),
+                          ("no status", '{"nan_step": null}'),
+                          ("status not a word", '{"status": 5}'),
+                          ("wall time not a number",
+                           '{"status": "done", "wall_seconds": "x"}'),
+                          ("nested", "[" * 100_000 + "]" * 100_000),
+                          ("a directory", None)):
+      with self.subTest(study_json=name):
+        if os.path.isdir(legacy):
+          os.rmdir(legacy)
+        elif os.path.exists(legacy):
+          os.remove(legacy)
+        if content is None:
+          os.makedirs(legacy)
+        else:
+          with open(legacy, "w") as f:
+            f.write(content)
+        with self.assertRaises(errors.CheckpointError) as caught:
+          study.run_status(intact, [])
+        self.assertStartsWith(str(caught.exception), legacy)
+    os.rmdir(legacy)
+    # And the binary says so in its line.
+    with open(legacy, "w") as f:
+      f.write("[1]")
+    with open(os.path.join(intact, "metrics.jsonl")) as f:
+      records = [line for line in f if '"done"' not in line]
+    with open(os.path.join(intact, "metrics.jsonl"), "w") as f:
+      f.writelines(records)
+    before = testing.snapshot(output_dir)
+    result = testing.run_binary("study", "--study=smoke", "--report_only",
+                                f"--output_dir={output_dir}")
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertStartsWith(testing.last_stderr_line(result),
+                          f"error: {legacy} is a JSON list, not a study's "
+                          "record of how the run ended")
+    self.assertEqual(testing.snapshot(output_dir), before)
+
+  def test_json_nested_deep_from_a_server_or_a_model_info_is_one_line(self):
+    # Issue 75, item 6, for serve_client's two JSON inputs.
+    from identity_tf import errors  # pylint: disable=g-import-not-at-top
+    from identity_tf.serving import client  # pylint: disable=g-import-not-at-top
+    nested = b"[" * 200_000 + b"]" * 200_000
+    info = os.path.join(self.root, "nested_model_info.json")
+    with open(info, "wb") as f:
+      f.write(nested)
+    with self.assertRaisesRegex(errors.ServingError,
+                                f"^--model_info={re.escape(info)} is not an "
+                                "export's model_info.json"):
+      client.read_class_names(info)
+    server = _HostileServer(nested)
+    self.addCleanup(server.close)
+    with self.assertRaisesRegex(errors.ServingError,
+                                f"^{server.address} answered JSON nested too "
+                                "deeply to read"):
+      client.rest_predict(server.address, "m", "predict_images",
+                          [testing.PNG_SIGNATURE + bytes(100)])
+
   def test_a_malformed_config_json_is_named(self):
     model_dir, path, good = self._trained("run")
     not_a_run = f"error: {path} is not the description of a training run ("
@@ -1031,6 +1221,232 @@ class FailureAdviceTest(absltest.TestCase):
                      "broke; run the same command to resume from the latest "
                      "checkpoint")
     self.assertIn("every worker", distribute.describe_failure(error))
+
+
+def _png_chunk(kind, data):
+  return (struct.pack(">I", len(data)) + kind + data +
+          struct.pack(">I", zlib.crc32(kind + data)))
+
+
+def _png_header(width, height, colour=2):
+  """A PNG's signature and IHDR chunk declaring WIDTH x HEIGHT pixels (8
+  bits, colour type COLOUR), as the PNG specification lays them out."""
+  return testing.PNG_SIGNATURE + _png_chunk(
+      b"IHDR", struct.pack(">IIBBBBB", width, height, 8, colour, 0, 0, 0))
+
+
+def _png_of_zeros(width, height):
+  """A valid greyscale PNG of WIDTH x HEIGHT black pixels: each row its
+  filter byte and WIDTH zeros, deflated (a thousandfold: 140 kB for
+  12000 x 12000)."""
+  compressor = zlib.compressobj(9)
+  row = bytes(width + 1)
+  data = b"".join(compressor.compress(row) for _ in range(height))
+  return (_png_header(width, height, colour=0) +
+          _png_chunk(b"IDAT", data + compressor.flush()) +
+          _png_chunk(b"IEND", b""))
+
+
+def _gif_header(width, height):
+  return b"GIF89a" + struct.pack("<HH", width, height) + bytes(20)
+
+
+def _bmp_header(width, height):
+  # BITMAPFILEHEADER (14 bytes), then BITMAPINFOHEADER's size and size.
+  return (b"BM" + bytes(12) + struct.pack("<Iii", 40, width, height) +
+          bytes(40))
+
+
+def _jpeg_declaring(encoded, width, height):
+  """ENCODED (a JPEG from TensorFlow's encoder) with its baseline frame
+  header (SOF0: marker, length, precision, height, width) declaring
+  WIDTH x HEIGHT instead."""
+  at = encoded.index(b"\xff\xc0")
+  return (encoded[:at + 5] + struct.pack(">HH", height, width) +
+          encoded[at + 9:])
+
+
+class DecompressionBombTest(testing.SharedRootTestCase):
+  """Issue 75, item 1: an image file declaring more pixels than the model
+  takes is refused from its header, before decoding, by the exported
+  `predict_images` signature, and not sent by serve_client."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    import keras  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from identity_tf.data import datasets  # pylint: disable=g-import-not-at-top
+    from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
+    from identity_tf.serving import contract  # pylint: disable=g-import-not-at-top
+    from identity_tf.serving import export  # pylint: disable=g-import-not-at-top
+
+    def signature(info, size, classes):
+      image = keras.Input((size, size, 3))
+      model = keras.Model(image, keras.layers.Dense(classes)(
+          keras.layers.GlobalAveragePooling2D()(image)))
+      module = export.ServingModule(
+          model, datasets.preprocessing_config(info, size))
+      function, spec = module.input_signatures()[contract.IMAGES_SIGNATURE]
+      return tf.function(lambda images: function(images),  # pylint: disable=unnecessary-lambda
+                         input_signature=spec)
+
+    # A CIFAR-shaped model (32 x 32 files only), an ImageNet-shaped one
+    # (any size, resized in the graph).
+    # (In a dict: a tf.function as a class attribute binds to the test.)
+    cls.signatures = {
+        "fixed": signature(datasets.synthetic_info(), 32, 10),
+        "any size": signature(tfds_data.dataset_info("imagenet2012"), 224,
+                              1000)}
+    cls.tf = tf
+    cls.max_pixels = getattr(contract, "MAX_IMAGE_PIXELS", 1 << 26)
+    cls.good = tf.io.encode_png(tf.zeros([32, 32, 3], tf.uint8)).numpy()
+    cls.jpeg = tf.io.encode_jpeg(tf.zeros([32, 32, 3], tf.uint8)).numpy()
+
+  def _refusal(self, signature, files):
+    with self.assertRaises(self.tf.errors.InvalidArgumentError) as caught:
+      signature(self.tf.constant(files))
+    found = re.search(r"assertion failed: \[(.*)\]\s*$",
+                      str(caught.exception), re.MULTILINE)
+    return found.group(1) if found else str(caught.exception)[:300]
+
+  def test_the_signature_reads_the_header_before_decoding(self):
+    self.assertEqual(self.signatures["fixed"](self.tf.constant([self.good]))[
+        "probabilities"].shape, (1, 10))
+    not_32 = ("images[1] is not 32x32 pixels, the size this model takes: "
+              "resize it first")
+    # Headers alone, each declaring another size and followed by nothing
+    # decodable: what is refused is what the header says.
+    for name, data in (
+        ("PNG 20000x20000", _png_header(20_000, 20_000) + b"more"),
+        ("PNG 33x32", _png_header(33, 32)),
+        ("PNG 2**32-1 wide", _png_header(2**32 - 1, 1)),
+        ("JPEG 48x40", _jpeg_declaring(self.jpeg, 48, 40)),
+        ("JPEG 65500x65500", _jpeg_declaring(self.jpeg, 65500, 65500)),
+        ("GIF 65535x65535", _gif_header(65535, 65535)),
+        ("BMP 100000x-100000", _bmp_header(100_000, -100_000)),
+        ("BMP 32x33", _bmp_header(32, 33))):
+      with self.subTest(name):
+        self.assertEqual(self._refusal(self.signatures["fixed"], [self.good, data]),
+                         not_32)
+    self.assertEqual(
+        self._refusal(self.signatures["fixed"], [self.good, testing.PNG_SIGNATURE + b"x"]),
+        "images[1] is not a decodable JPEG or PNG image")
+    # A valid PNG of 12000 x 12000 pixels (140 kB; 432 MB decoded as RGB):
+    # refused without the memory a decoding takes.
+    bomb = _png_of_zeros(12_000, 12_000)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    self.assertEqual(self._refusal(self.signatures["fixed"], [bomb]),
+                     not_32.replace("images[1]", "images[0]"))
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    self.assertLess(grown * 1024, 100 << 20)
+
+  def test_a_model_of_any_size_decodes_at_most_its_limit(self):
+    side = math.isqrt(self.max_pixels)
+    small = self.tf.io.encode_png(self.tf.zeros([50, 60, 3],
+                                                self.tf.uint8)).numpy()
+    self.assertEqual(self.signatures["any size"](self.tf.constant([small]))[
+        "probabilities"].shape, (1, 1000))
+    for width, height in ((side + 1, side), (20_000, 20_000),
+                          (self.max_pixels + 1, 1), (2**32 - 1, 2**32 - 1)):
+      with self.subTest(width=width, height=height):
+        self.assertEqual(
+            self._refusal(self.signatures["any size"],
+                          [small, small, _png_header(width, height)]),
+            f"images[2] is {width}x{height} pixels, more than the "
+            f"{self.max_pixels} this model decodes: resize it first")
+    # At the limit it is decoded (here: found not to be a PNG after all).
+    self.assertEqual(
+        self._refusal(self.signatures["any size"], [small, _png_header(side, side)]),
+        "images[1] is not a decodable JPEG or PNG image")
+
+  def test_serve_client_does_not_send_a_file_declaring_too_many_pixels(self):
+    from identity_tf import errors  # pylint: disable=g-import-not-at-top
+    from identity_tf.serving import client  # pylint: disable=g-import-not-at-top
+    bombs = {"png": _png_header(20_000, 20_000) + bytes(100),
+             "jpg": _jpeg_declaring(self.jpeg, 30_000, 30_000),
+             "gif": _gif_header(65535, 65535),
+             "bmp": _bmp_header(100_000, 100_000)}
+    paths = {}
+    for extension, data in bombs.items():
+      paths[extension] = os.path.join(self.root, f"bomb.{extension}")
+      with open(paths[extension], "wb") as f:
+        f.write(data)
+    sizes = {"png": (20_000, 20_000), "jpg": (30_000, 30_000),
+             "gif": (65535, 65535), "bmp": (100_000, 100_000)}
+    for extension, path in paths.items():
+      with self.subTest(extension):
+        width, height = sizes[extension]
+        with self.assertRaisesRegex(
+            errors.ServingError,
+            f"^{re.escape(path)} is {width}x{height} pixels \\(its header "
+            f"says so\\), more than the {self.max_pixels} the served model "
+            "decodes: resize it first$"):
+          client.read_input(path)
+    # Files whose header declares a size within it, or none, go as before.
+    for data in (self.good, self.jpeg, testing.PNG_SIGNATURE + bytes(100)):
+      path = os.path.join(self.root, "fine.png")
+      with open(path, "wb") as f:
+        f.write(data)
+      self.assertEqual(client.read_input(path).data, data)
+    # The binary: one line, and the server never hears of it.
+    listener = socket.create_server(("127.0.0.1", 0))
+    self.addCleanup(listener.close)
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    result = testing.run_binary("serve_client", f"--server={address}",
+                                "--model_name=m", paths["png"])
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertStartsWith(testing.last_stderr_line(result),
+                          f"error: {paths['png']} is 20000x20000 pixels")
+    listener.settimeout(0.1)
+    with self.assertRaises(socket.timeout):
+      listener.accept()
+
+
+class ReadOnlyDataDirTest(testing.SharedRootTestCase):
+  """Issue 75, item 4: prepare_data into a --data_dir it cannot write is
+  one line, and nothing is written anywhere."""
+
+  def test_a_data_dir_that_cannot_be_written_is_one_line(self):
+    source = os.path.join(self.root, "source")
+    testing.write_fashion_mnist_files(source, np.random.default_rng(0),
+                                      {"train": 8, "test": 4})
+    blocker = os.path.join(self.root, "a_file")
+    with open(blocker, "w") as f:
+      f.write("not a directory\n")
+    cases = {
+        # For every user, root included (to whom permissions are no
+        # obstacle): a path under a file; sysfs, which takes no directory.
+        "under a file": os.path.join(blocker, "data"),
+        "sysfs": "/sys/identity_tf_test_data",
+    }
+    if os.geteuid() != 0:
+      read_only = os.path.join(self.root, "read_only")
+      os.makedirs(os.path.join(read_only, "inside"))
+      os.chmod(os.path.join(read_only, "inside"), 0o555)
+      os.chmod(read_only, 0o555)
+      self.addCleanup(os.chmod, read_only, 0o755)
+      self.addCleanup(os.chmod, os.path.join(read_only, "inside"), 0o755)
+      cases["read-only"] = os.path.join(read_only, "inside")
+      cases["in a read-only directory"] = os.path.join(read_only, "new")
+    before = testing.snapshot(self.root)
+    for name, data_dir in cases.items():
+      with self.subTest(name):
+        result = testing.run_binary("prepare_data", "--dataset=fashion_mnist",
+                                    f"--data_dir={data_dir}",
+                                    f"--source_dir={source}")
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        line = testing.last_stderr_line(result)
+        self.assertStartsWith(line, "error: could not prepare fashion_mnist "
+                              f"in --data_dir={data_dir}: ")
+        self.assertTrue(line.endswith(
+            "; give a --data_dir you can write to (or make it writable); "
+            "nothing was kept from this attempt"), line)
+        self.assertEqual(testing.snapshot(self.root), before)
+        if name != "read-only":
+          self.assertFalse(os.path.exists(data_dir))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,13 @@ identity_tf/run_dir.py, ...):
   written by that code's //bin:train);
   run_5d502b4_eval.json is what that code's //bin:evaluate printed for it.
 
+run_7353787/ (and its _eval.json) was written the same way by the code at
+commit 7353787, before the residual branch's options were split: a 20-step
+smoke run at width 0.125 with the one option of then,
+`--residual=skipinit_ws_small --ws_init_scale=2` (today: `--branch_gain=zero
+--weight_standardization --branch_init=paper --branch_init_scale=2`), and
+`--logit_scale=4`.
+
 Keras finds the layers by their registered package name ("identity_tf"),
 not by module path; config.json and the checkpoint keep their formats. The
 construction's .keras file is tested in construct_test.
@@ -55,63 +62,91 @@ class SavedNetworkTest(absltest.TestCase):
 
 
 class SavedRunTest(testing.SharedRootTestCase):
+  """Each old run directory evaluates, exports and resumes."""
 
-  def _copy(self, name):
-    """A fresh copy of the old run (commands below write into it)."""
-    path = os.path.join(self.root, name)
-    shutil.copytree(os.path.join(TESTDATA, "run_5d502b4"), path)
+  RUNS = ("run_5d502b4", "run_7353787")
+
+  def _copy(self, run, name):
+    """A fresh copy of the old RUN (commands below write into it)."""
+    path = os.path.join(self.root, f"{run}_{name}")
+    shutil.copytree(os.path.join(TESTDATA, run), path)
     return path
 
   def test_evaluate_scores_an_old_run_as_the_old_code_did(self):
-    model_dir = self._copy("evaluate")
-    # The recorded scores are of the first 200 test examples.
-    result = testing.run_binary("evaluate", f"--model_dir={model_dir}",
-                                "--num_examples=200", check=True)
-    scores = json.loads(result.stdout.strip().splitlines()[-1])
-    with open(os.path.join(TESTDATA, "run_5d502b4_eval.json")) as f:
-      expected = json.load(f)
-    self.assertEqual(scores["global_step"], 20)
-    self.assertEqual(scores["examples"], expected["examples"])
-    for key in ("loss", "top1", "top5"):
-      self.assertAlmostEqual(scores[key], expected[key],
-                             delta=SCORE_TOLERANCE, msg=key)
-    # The evaluation is recorded in the new metrics file beside the old run.
-    records = metrics.read(model_dir)
-    self.assertEqual(records[-1]["step"], 20)
+    for run in self.RUNS:
+      with self.subTest(run):
+        model_dir = self._copy(run, "evaluate")
+        # The recorded scores are of the first 200 test examples.
+        result = testing.run_binary("evaluate", f"--model_dir={model_dir}",
+                                    "--num_examples=200", check=True)
+        scores = json.loads(result.stdout.strip().splitlines()[-1])
+        with open(os.path.join(TESTDATA, f"{run}_eval.json")) as f:
+          expected = json.load(f)
+        self.assertEqual(scores["global_step"], 20)
+        self.assertEqual(scores["examples"], expected["examples"])
+        for key in ("loss", "top1", "top5"):
+          self.assertAlmostEqual(scores[key], expected[key],
+                                 delta=SCORE_TOLERANCE, msg=key)
+        # The evaluation is recorded in the metrics file beside the run.
+        records = metrics.read(model_dir)
+        self.assertEqual(records[-1]["step"], 20)
 
   def test_export_of_an_old_run_serves_the_checkpoints_model(self):
-    model_dir = self._copy("export")
-    export_dir = os.path.join(self.root, "exported")
-    testing.run_binary("export", f"--model_dir={model_dir}",
-                       f"--export_dir={export_dir}", check=True)
-    model, run, step = checkpoints.restore_model(model_dir)
-    self.assertEqual(step, 20)
-    images, _ = synthetic.arrays("test")
-    pixels = images[:5].astype(np.float32)
-    expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
-        pixels, run.preprocessing), training=False)).numpy()
-    loaded = tf.saved_model.load(os.path.join(export_dir, "1"))
-    served = loaded.signatures["serving_default"](images=tf.constant(pixels))
-    np.testing.assert_allclose(served["probabilities"].numpy(), expected,
-                               atol=SCORE_TOLERANCE)
+    for run in self.RUNS:
+      with self.subTest(run):
+        model_dir = self._copy(run, "export")
+        export_dir = os.path.join(self.root, f"{run}_exported")
+        testing.run_binary("export", f"--model_dir={model_dir}",
+                           f"--export_dir={export_dir}", check=True)
+        model, prepared, step = checkpoints.restore_model(model_dir)
+        self.assertEqual(step, 20)
+        images, _ = synthetic.arrays("test")
+        pixels = images[:5].astype(np.float32)
+        expected = tf.nn.softmax(model(preprocessing.preprocess_for_eval(
+            pixels, prepared.preprocessing), training=False)).numpy()
+        loaded = tf.saved_model.load(os.path.join(export_dir, "1"))
+        served = loaded.signatures["serving_default"](
+            images=tf.constant(pixels))
+        np.testing.assert_allclose(served["probabilities"].numpy(), expected,
+                                   atol=SCORE_TOLERANCE)
 
   def test_an_old_run_resumes_from_its_checkpoint(self):
-    model_dir = self._copy("resume")
-    testing.run_binary("train", f"--model_dir={model_dir}",
-                       "--train_steps=30", check=True)
-    self.assertEqual(
-        [checkpoints.checkpoint_step(p)
-         for p in checkpoints.checkpoint_prefixes(model_dir)], [30, 20])
-    # Trained from step 20, not from scratch: the first record of the new
-    # session is a start at step 20, and no step at or below 20 was logged.
-    records = metrics.read(model_dir)
-    self.assertEqual((records[0]["step"], records[0].get("start")), (20, True))
-    # config.json's history holds the one change made, not the fields this
-    # version added since (they take their defaults, as the old run did).
-    with open(os.path.join(model_dir, "config.json")) as f:
-      self.assertEqual(json.load(f)["history"],
-                       [{"step": 20, "changed": {"train_steps": [20, 30]}}])
-    self.assertTrue(all(r["step"] > 20 for r in records[1:]))
+    for run in self.RUNS:
+      with self.subTest(run):
+        model_dir = self._copy(run, "resume")
+        with open(os.path.join(model_dir, "config.json")) as f:
+          old = json.load(f)["config"]
+        testing.run_binary("train", f"--model_dir={model_dir}",
+                           "--train_steps=30", check=True)
+        self.assertEqual(
+            [checkpoints.checkpoint_step(p)
+             for p in checkpoints.checkpoint_prefixes(model_dir)], [30, 20])
+        # Trained from step 20, not from scratch: the first record of the
+        # new session is a start at step 20, and no step at or below 20 was
+        # logged in it.
+        records = metrics.read(model_dir)
+        starts = [i for i, r in enumerate(records) if r.get("start")]
+        self.assertEqual(records[starts[-1]]["step"], 20)
+        self.assertTrue(all(r["step"] > 20 for r in records[starts[-1] + 1:]))
+        # config.json's history holds the one change made, not the fields
+        # this version added or renamed since (they take the values the old
+        # run had); the file now uses today's names.
+        with open(os.path.join(model_dir, "config.json")) as f:
+          stored = json.load(f)
+        self.assertEqual(stored["history"],
+                         [{"step": 20, "changed": {"train_steps": [20, 30]}}])
+        new = stored["config"]
+        self.assertNotIn("ws_init_scale", new)
+        self.assertNotIn("ws_init_scale", stored["model"]["options"])
+        if old.get("residual") == "skipinit_ws_small":
+          self.assertEqual(
+              {name: new[name] for name in (
+                  "residual", "branch_gain", "weight_standardization",
+                  "ws_gain", "branch_init", "branch_init_scale")},
+              {"residual": None, "branch_gain": "zero",
+               "weight_standardization": True, "ws_gain": "trained",
+               "branch_init": "paper",
+               "branch_init_scale": old["ws_init_scale"]})
 
 
 if __name__ == "__main__":

@@ -63,6 +63,34 @@ class SharpnessTest(absltest.TestCase):
                                         iterations=200)
     self.assertAlmostEqual(value / top, 1.0, delta=1e-3)
 
+  def test_the_loss_is_the_inference_cross_entropy_plus_the_l2_term(self):
+    # What training minimises, measured where evaluation measures it:
+    # batch norm with its moving statistics, and wd ||W||^2 / 2 of the
+    # weights the scope decays (here every kernel of rank >= 2).
+    rng = np.random.default_rng(2)
+    images = rng.standard_normal((12, 4)).astype(np.float32)
+    labels = rng.integers(0, 3, 12).astype(np.int32)
+    norm = keras.layers.BatchNormalization()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), norm,
+                              keras.layers.Activation("tanh"),
+                              keras.layers.Dense(3)])
+    norm.moving_mean.assign(rng.normal(0.5, 0.3, 5))
+    norm.moving_variance.assign(rng.uniform(0.5, 2.0, 5))
+    w1, b1, gamma, beta, mean, variance, w2, b2 = model.get_weights()
+    hidden = np.tanh((images @ w1 + b1 - mean) / np.sqrt(variance + 1e-3)
+                     * gamma + beta)
+    logits = (hidden @ w2 + b2).astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    cross_entropy = -log_p[np.arange(12), labels].mean()
+    for decay, scope, decayed in ((0.0, "kernels", 0.0),
+                                  (0.3, "kernels", (w1 ** 2).sum()
+                                   + (w2 ** 2).sum()),
+                                  (0.3, "convolutions", 0.0)):
+      loss = sharpness.loss_function(model, images, labels, decay, scope)
+      self.assertAlmostEqual(float(loss()),
+                             cross_entropy + decay * decayed / 2, places=5)
+
   def test_the_threshold_is_where_heavy_ball_stops_converging(self):
     # Heavy ball on f(x) = lambda x^2 / 2, Keras SGD's update.
     eta, beta = 0.05, 0.9
@@ -77,18 +105,22 @@ class SharpnessTest(absltest.TestCase):
 
   def test_binary_measures_every_checkpoint(self):
     model_dir = self.create_tempdir().full_path
+    # The rate drops tenfold after step 7: each checkpoint's threshold is
+    # its own step's.
     config = configs.from_preset("smoke", width=0.0625, batch_size=16,
                              train_steps=10, checkpoint_steps=5,
                              steps_per_loop=5, log_steps=5,
-                             eval_at_end=False)
+                             eval_at_end=False, lr_schedule="piecewise",
+                             lr_boundaries=(7,))
     trainer.train(config, model_dir, echo=lambda line: None)
     result = testing.run_binary("sharpness", f"--model_dir={model_dir}",
                                 "--num_examples=32", "--iterations=5",
                                 check=True)
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     self.assertEqual([line["step"] for line in lines], [5, 10])
-    for line in lines:
-      self.assertAlmostEqual(line["threshold"], 2 * 1.9 / 0.01, places=3)
+    for line, rate in zip(lines, (0.01, 0.001)):
+      self.assertAlmostEqual(line["learning_rate"], rate, places=9)
+      self.assertAlmostEqual(line["threshold"], 2 * 1.9 / rate, places=2)
       self.assertAlmostEqual(line["ratio"],
                              line["sharpness"] / line["threshold"], places=3)
     bad = testing.run_binary("sharpness",

@@ -7,6 +7,7 @@ synthetic dataset, one arm of which diverges.
 
 import functools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -88,12 +89,13 @@ class ReportTest(absltest.TestCase):
     finals = [0.9120, 0.9050, 0.9180]
     self.assertEqual(
         clip[3], f"{100 * statistics.mean(finals):.2f} ± "
-        f"{100 * statistics.pstdev(finals):.2f} (91.20, 90.50, 91.80)")
+        f"{100 * statistics.stdev(finals):.2f} (91.20, 90.50, 91.80)")
     losses, fitted = [0.20, 0.22, 0.30], [93, 92, 91]
+    # Sample standard deviations (n - 1), Python's statistics.stdev.
     self.assertEqual(clip[5], f"{statistics.mean(losses):.4f} ± "
-                     f"{statistics.pstdev(losses):.4f}")
+                     f"{statistics.stdev(losses):.4f}")
     self.assertEqual(clip[6], f"{statistics.mean(fitted):.2f} ± "
-                     f"{statistics.pstdev(fitted):.2f}")
+                     f"{statistics.stdev(fitted):.2f}")
     self.assertEqual(clip[7:9], ["none", "2.0 min per seed"])
     self.assertEqual(clip[9], "110")
     # 85 %: steps 200, 200, 100 at 1 s each; 92 %: none reached it.
@@ -137,6 +139,84 @@ class ReportTest(absltest.TestCase):
     with open(paths[study.CURVES_PNG], "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
     self.assertGreater(os.path.getsize(paths[study.CURVES_PNG]), 10_000)
+
+
+class PairedDifferenceTest(absltest.TestCase):
+  """identity_tf.training.statistics against hand computations."""
+
+  def test_t_quantiles_are_the_closed_forms_and_the_integral(self):
+    t_stat = study.statistics
+    for p in (0.975, 0.9, 0.6):
+      # df = 1 (Cauchy): tan(pi (p - 1/2)); df = 2: F(t) = 1/2 +
+      # t / (2 sqrt(2 + t^2)), so t = a sqrt(2 / (1 - a^2)), a = 2p - 1.
+      self.assertAlmostEqual(t_stat.t_quantile(p, 1),
+                             math.tan(math.pi * (p - 0.5)), places=8)
+      a = 2 * p - 1
+      self.assertAlmostEqual(t_stat.t_quantile(p, 2),
+                             a * math.sqrt(2 / (1 - a * a)), places=8)
+      self.assertAlmostEqual(t_stat.t_quantile(1 - p, 2),
+                             -a * math.sqrt(2 / (1 - a * a)), places=8)
+    # df = 3, 4, 7: the density integrated numerically (Simpson) up to the
+    # quantile gives p.
+    for df in (3, 4, 7):
+      t = t_stat.t_quantile(0.975, df)
+      constant = math.gamma((df + 1) / 2) / (
+          math.sqrt(df * math.pi) * math.gamma(df / 2))
+      density = lambda x: constant * (1 + x * x / df) ** (-(df + 1) / 2)  # pylint: disable=cell-var-from-loop
+      n = 20_000
+      h = t / n
+      integral = h / 3 * sum(
+          (1 if i in (0, n) else 4 if i % 2 else 2) * density(i * h)
+          for i in range(n + 1))
+      self.assertAlmostEqual(0.5 + integral, 0.975, places=8)
+    # Many degrees of freedom: the normal's 1.95996.
+    self.assertAlmostEqual(t_stat.t_quantile(0.975, 100_000), 1.959964,
+                           places=4)
+
+  def test_paired_difference_of_three_seeds_by_hand(self):
+    ours = {0: 0.9352, 1: 0.9300, 2: 0.9400, 5: 0.5}
+    theirs = {0: 0.9366, 1: 0.9317, 2: 0.9372, 3: 0.9}
+    result = study.statistics.paired_difference(ours, theirs)
+    differences = [0.9352 - 0.9366, 0.9300 - 0.9317, 0.9400 - 0.9372]
+    self.assertEqual(result["seeds"], [0, 1, 2])  # Only the shared ones.
+    np_mean = sum(differences) / 3
+    sd = statistics.stdev(differences)
+    # t(0.975, 2) = 0.95 sqrt(2 / (1 - 0.95^2)) = 4.3027.
+    half = 0.95 * math.sqrt(2 / (1 - 0.95 ** 2)) * sd / math.sqrt(3)
+    self.assertAlmostEqual(result["mean"], np_mean, places=12)
+    self.assertAlmostEqual(result["std"], sd, places=12)
+    self.assertAlmostEqual(result["half_width"], half, places=9)
+    self.assertEqual(
+        study.statistics.wording(result),
+        f"level with (difference {100 * np_mean:+.2f} point, 95 % interval "
+        f"{100 * (np_mean - half):+.2f} to {100 * (np_mean + half):+.2f}, "
+        "3 seeds)")
+    ahead = study.statistics.paired_difference(
+        {0: 0.95, 1: 0.951, 2: 0.949}, {0: 0.94, 1: 0.94, 2: 0.94})
+    self.assertTrue(study.statistics.wording(ahead).startswith(
+        "ahead by 1.00 point (95 % interval +0.75 to +1.25"))
+    behind = study.statistics.paired_difference(
+        {0: 0.93, 1: 0.931}, {0: 0.94, 1: 0.94})
+    self.assertTrue(study.statistics.wording(behind).startswith(
+        "behind by 0.95 point"))
+    one = study.statistics.paired_difference({0: 0.94}, {0: 0.9424})
+    self.assertIsNone(one["interval"])
+    self.assertEqual(study.statistics.wording(one), "-0.24 points (one seed)")
+    self.assertIsNone(study.statistics.paired_difference({1: 0.9}, {0: 0.9}))
+
+  def test_the_report_compares_every_arm_with_the_reference(self):
+    results = dict(MADE_UP, reference="clip")
+    results["arms"] = [dict(arm) for arm in MADE_UP["arms"]]
+    for arm in results["arms"]:
+      arm["against_reference"] = study.compare(results, "clip").get(
+          arm["name"])
+    rows = study.markdown_table(results).splitlines()
+    self.assertIn("| against clip (paired by seed) |", rows[0])
+    literal, clip, half = (row.strip("| ").split(" | ") for row in rows[2:])
+    self.assertEqual(clip[4], "(reference)")
+    self.assertEqual(literal[4], "not compared (no seed in common)")
+    # half's seed 0: 85.00 against clip's 91.20.
+    self.assertEqual(half[4], f"{85.00 - 91.20:+.2f} points (one seed)")
 
 
 class TimeToLevelsTest(absltest.TestCase):
@@ -561,6 +641,66 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(text.count("| 1 unfinished |"), 1)
     self.assertNotIn("lr_x10", text)
     self.assertIn("| minutes to 50 / 92.34 %: wall |", text)
+
+
+class ResultsTablesTest(absltest.TestCase):
+  """bin/results_tables.py on result files made up here, against a hand
+  computation (the sample std of statistics.stdev, t(0.975, 2) in closed
+  form)."""
+
+  def test_a_table_cell_and_a_paired_difference_by_hand(self):
+    results_dir = self.create_tempdir().full_path
+    ours = {0: 0.9352, 1: 0.9300, 2: 0.9400}
+    theirs = {0: 0.9366, 1: 0.9317, 2: 0.9372}
+
+    def arm(name, top1, losses):
+      return {"name": name, "description": name, "runs": [
+          {"seed": seed, "status": "done", "final_top1": top1[seed],
+           "train_set": {"loss": losses[seed]}} for seed in (0, 1, 2)]}
+
+    files = {
+        "tiny": {"title": "Tiny", "cpu": "none", "arms": [
+            arm("ours", ours, {0: 0.13, 1: 0.12, 2: 0.11}),
+            arm("theirs", theirs, {0: 0.12, 1: 0.125, 2: 0.115}),
+            {"name": "pending", "description": "", "runs": []}],
+                 "comparisons": [["ours", "theirs"]]},
+        # Another file's arm as the reference.
+        "other": {"title": "Other", "cpu": "none", "arms": [
+            {"name": "diverged", "description": "", "runs": [
+                {"seed": 0, "status": "diverged", "nan_step": 17,
+                 "final_top1": None}]}],
+                  "comparisons": [["tiny:ours", "tiny:theirs"]]},
+    }
+    for name, data in files.items():
+      with open(os.path.join(results_dir, name + ".json"), "w") as f:
+        json.dump(data, f)
+    result = testing.run_binary("results_tables",
+                                f"--results_dir={results_dir}", check=True)
+    rows = {line.split(" | ")[0].lstrip("| "): line.strip("| ").split(" | ")
+            for line in result.stdout.splitlines() if line.startswith("| ")}
+    values = [ours[seed] for seed in (0, 1, 2)]
+    self.assertEqual(
+        rows["ours"][2],
+        f"{100 * statistics.mean(values):.2f} ± "
+        f"{100 * statistics.stdev(values):.2f} (93.52, 93.00, 94.00)")
+    self.assertEqual(rows["pending"][2], "not yet measured")
+    self.assertEqual(rows["diverged"][2], "NaN at step 17")
+    differences = [ours[seed] - theirs[seed] for seed in (0, 1, 2)]
+    centre = statistics.mean(differences)
+    half = (0.95 * math.sqrt(2 / (1 - 0.95 ** 2))
+            * statistics.stdev(differences) / math.sqrt(3))
+    for row in ("ours - theirs", "tiny:ours - tiny:theirs"):
+      self.assertEqual(rows[row][2], "-0.14, -0.17, +0.28")
+      self.assertEqual(rows[row][4], f"{100 * (centre - half):+.2f} to "
+                                     f"{100 * (centre + half):+.2f}")
+      self.assertTrue(rows[row][5].startswith("level with"), rows[row])
+    result = testing.run_binary("results_tables",
+                                f"--results_dir={results_dir}",
+                                "--files=tiny,absent")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(testing.last_stderr_line(result),
+                     f"error: no absent in {results_dir} (it holds other, "
+                     "tiny); fix --files")
 
 
 if __name__ == "__main__":

@@ -170,6 +170,65 @@ class PresetTest(absltest.TestCase):
                        (written.model_options, written.preprocessing), preset)
       self.assertEqual(read.description(), written.description(), preset)
 
+  def test_every_network_and_data_field_reaches_the_run(self):
+    # A run's network is its model options (what config.json records and
+    # its checkpoints restore into), its input the preprocessing and the
+    # epoch's length: every such field, set away from its default, must
+    # arrive there as set.
+    cases = (
+        ("cifar10_ws", dict(width=0.5, units=(2,), init="standard",
+                            head="trainable", use_bias=True, seed=5,
+                            projection_scale="features", logit_scale=3.0,
+                            branch_init_scale=1.5)),
+        ("cifar10_paper", dict(norm=True, seed=2)),
+        ("cifar10_paper", dict(residual="fixup", units=(1, 2, 3))),
+    )
+    for preset, fields in cases:
+      with self.subTest(preset=preset, **{k: str(v) for k, v in
+                                          fields.items()}):
+        config = configs.from_preset(preset, dataset="synthetic",
+                                     num_train_examples=640, batch_size=64,
+                                     flip=False, **fields)
+        run = run_lib.prepare(config, SYNTHETIC, None)
+        checked = set()
+        for field in configs.MODEL_FIELDS:
+          value = getattr(config, field)
+          if field in ("model", "dataset") or value is None:
+            continue
+          if field == "units" and len(value) == 1:
+            value = value * 3  # One number for every stage.
+          self.assertEqual(getattr(run.model_options, field), value, field)
+          checked.add(field)
+        self.assertContainsSubset(set(fields), checked)
+        self.assertEqual(run.model_name, config.model)
+        self.assertEqual(run.model_arguments()["name"], config.model)
+        self.assertFalse(run.preprocessing.flip)
+        self.assertEqual(run.steps_per_epoch, 10.0)  # 640 / 64.
+    # And the network built from the run has them: a bias in the stem, a
+    # trained head at the logit scale, batch norm where asked.
+    network = model_lib.build_model(**{**run_lib.prepare(
+        configs.from_preset("cifar10_ws", dataset="synthetic", width=0.125,
+                            units=(1,), head="trainable", use_bias=True),
+        SYNTHETIC, None).model_arguments()})
+    self.assertTrue(network.get_layer("stem1").use_bias)
+    self.assertTrue(network.get_layer("projection").trainable)
+    self.assertNotEmpty(testing.normalization_layers(model_lib.build_model(
+        **run_lib.prepare(configs.from_preset(
+            "cifar10_paper", dataset="synthetic", width=0.125, units=(1,),
+            norm=True), SYNTHETIC, None).model_arguments())))
+
+  def test_tests_readme_names_a_guard_for_every_field(self):
+    # tests/README.md's table: one row per field of //bin:train's flag
+    # groups, each naming at least one test (file::Class[.method]).
+    with open(os.path.join(testing.source_root(), "tests",
+                           "README.md")) as f:
+      rows = dict(re.findall(r"^\| `(\w+)` \|(.*)$", f.read(),
+                             re.MULTILINE))
+    for _, names in configs.FLAG_GROUPS:
+      for name in names:
+        self.assertIn(name, rows)
+        self.assertRegex(rows[name], r"`\w+\.py(::\w+(\.\w+)?)?`", name)
+
   def test_dry_run_prints_the_resolved_configuration_with_overrides(self):
     model_dir = self.create_tempdir().full_path
     result = testing.run_binary(
@@ -205,10 +264,12 @@ class ConfigErrorTest(absltest.TestCase):
             dict(grad_clip_norm=-1.0),
         "--agc_clip must be a finite number": dict(agc_clip=float("nan")),
         # The network's options: the architecture table's one validator.
-        "unknown residual 'rezero'; valid: plain, skipinit, gain, fixup":
+        "unknown residual 'rezero'; valid: plain, fixup":
             dict(residual="rezero"),
-        "residual='fixup' is a normalisation-free parametrisation":
+        "residual: an option of the normalisation-free identity unit":
             dict(residual="fixup", norm=True),
+        "ws_gain is the gain of the standardised convolutions":
+            dict(ws_gain="frozen"),
         "units must be one positive integer or 3 (one per stage of "
         "cifar10), got 1,2": dict(units="1,2"),
         "--width must be a finite number": dict(width=float("nan")),

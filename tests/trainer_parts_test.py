@@ -5,6 +5,7 @@ line's speed around an evaluation, the save that fails half-way (a full
 disk), and the evaluation's loss, top-1 and top-5 against NumPy."""
 
 import errno
+import math
 import os
 import time
 from unittest import mock
@@ -27,6 +28,7 @@ from identity_tf.training import optimization
 from identity_tf.training import run as run_lib
 from identity_tf.training import step as step_lib
 from identity_tf.training import trainer
+import testing
 
 
 WATCHED = ["stage1", "logits"]
@@ -331,6 +333,225 @@ class EvaluationTest(absltest.TestCase):
       # Exact fractions of 37: one example more or less is 0.027.
       self.assertAlmostEqual(scores["top1"], top1, places=9)
       self.assertAlmostEqual(scores["top5"], top5, places=9)
+
+
+  def test_top_k_counts_the_labels_rank_with_a_label_at_every_rank(self):
+    # A linear model whose logits are chosen: example i's label has rank
+    # i mod 10 (that many classes above it, the others below, gaps of 1),
+    # fitted exactly by least squares on the 40 standardised images
+    # (3072 features, full row rank). Top-k is then k/10 of the examples
+    # for every k: top-1, top-4 and top-5 all differ.
+    count = 40
+    images, labels = synthetic.arrays(self.info.eval_split)
+    labels = labels[:count].astype(np.int64)
+    inputs = _standardized_per_image(images[:count]).reshape(count, -1)
+    wanted = np.zeros((count, 10))
+    for i, label in enumerate(labels):
+      others = [c for c in range(10) if c != label]
+      rank = i % 10
+      wanted[i, others[:rank]] = np.arange(1, rank + 1)
+      wanted[i, others[rank:]] = -np.arange(1, 10 - rank)
+    kernel = np.linalg.pinv(inputs.astype(np.float64)) @ wanted
+    model = _dense_net(10)
+    model.layers[-1].set_weights([kernel.astype(np.float32),
+                                  np.zeros(10, np.float32)])
+    logits = model(inputs.reshape(count, 32, 32, 3)).numpy()
+    rows = np.arange(count)
+    rank = (logits > logits[rows, labels][:, None]).sum(axis=1)
+    np.testing.assert_array_equal(rank, rows % 10)  # The fixture holds.
+    scores = evaluation.evaluate(model, "synthetic", self.info,
+                                 self.preprocessing, batch_size=self.BATCH,
+                                 num_examples=count)
+    self.assertEqual(scores["examples"], count)
+    self.assertAlmostEqual(scores["top1"], np.mean(rank < 1), places=9)
+    self.assertAlmostEqual(scores["top5"], np.mean(rank < 5), places=9)
+    self.assertEqual((scores["top1"], scores["top5"]), (0.1, 0.5))
+
+  def test_batch_norm_is_evaluated_with_its_moving_statistics(self):
+    # Batch norm's network with moving statistics far from any batch's:
+    # evaluation must normalise with them (inference), not with the
+    # evaluation batch's own (training).
+    model = model_lib.build_model("resnet_bn", width=0.125, units=1, seed=2)
+    rng = np.random.default_rng(8)
+    for norm in testing.normalization_layers(model):
+      channels = norm.moving_mean.shape
+      norm.moving_mean.assign(rng.normal(0.5, 0.5, channels))
+      norm.moving_variance.assign(rng.uniform(0.2, 3.0, channels))
+    images, labels = synthetic.arrays(self.info.eval_split)
+    inputs = _standardized_per_image(images[:self.EXAMPLES])
+    labels = labels[:self.EXAMPLES].astype(np.int64)
+
+    def mean_cross_entropy(logits):
+      logits = logits.astype(np.float64)
+      shifted = logits - logits.max(axis=1, keepdims=True)
+      log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+      return -log_p[np.arange(len(labels)), labels].mean()
+    inference = mean_cross_entropy(model(inputs, training=False).numpy())
+    scores = evaluation.evaluate(model, "synthetic", self.info,
+                                 self.preprocessing, batch_size=self.BATCH,
+                                 num_examples=self.EXAMPLES)
+    # (A call in training mode moves the moving statistics: made last.)
+    batch_statistics = mean_cross_entropy(model(inputs, training=True).numpy())
+    self.assertAlmostEqual(scores["loss"], inference, delta=1e-5 * inference)
+    self.assertGreater(abs(inference - batch_statistics), 0.05 * inference)
+
+
+class LoopCadenceTest(absltest.TestCase):
+  """What the loop does when, against the configuration's numbers: a
+  progress record every log_steps, an evaluation every eval_steps (and at
+  the end) of num_eval_examples, a checkpoint every checkpoint_steps of
+  which keep_checkpoints stay; and where each call of steps ends."""
+
+  def _config(self, **overrides):
+    return configs.from_preset("smoke", **{
+        "width": 0.0625, "units": (1,), "batch_size": 8, "train_steps": 7,
+        "log_steps": 3, "checkpoint_steps": 2, "keep_checkpoints": 2,
+        "eval_steps": 4, "num_eval_examples": 20, "eval_batch_size": 8,
+        "steps_per_loop": 5, **overrides})
+
+  def test_records_evaluations_and_checkpoints_come_at_their_steps(self):
+    model_dir = self.create_tempdir().full_path
+    # eval_at_end off: evaluations every eval_steps evaluate the end too.
+    result = trainer.train(self._config(eval_train_at_end=True,
+                                        num_train_examples=24,
+                                        eval_at_end=False),
+                           model_dir, echo=lambda line: None)
+    records = metrics.read(model_dir)
+    # The training set's evaluation at the end: its 24 examples, in
+    # metrics.jsonl (what a study reads) and TensorBoard's train_set/.
+    train_eval = metrics.training_set_evaluation(records)
+    self.assertEqual((train_eval["step"], train_eval["examples"]), (7, 24))
+    self.assertEqual(result["train_eval"]["examples"], 24)
+    for name in ("loss", "top1", "top5"):
+      self.assertAlmostEqual(train_eval[name], result["train_eval"][name],
+                             delta=1e-3 * abs(result["train_eval"][name]))
+      self.assertAlmostEqual(metrics.read_scalars(os.path.join(
+          model_dir, metrics.TRAIN_DIR))[f"train_set/{name}"][-1][1],
+                             result["train_eval"][name], places=5)
+    # Every 3 steps, and the run's last (shorter) window; TensorBoard has
+    # each record's values, the rate and the L2 term of the weights then.
+    progress = [r for r in records if "train_steps" in r]
+    self.assertEqual([r["step"] for r in progress], [3, 6, 7])
+    scalars = metrics.read_scalars(os.path.join(model_dir,
+                                                metrics.TRAIN_DIR))
+    for name, key in (("loss", "loss"), ("top1", "top1"),
+                      ("learning_rate", "lr"), ("grad_norm", "grad_norm")):
+      np.testing.assert_allclose([v for _, v in scalars[name]],
+                                 [r[key] for r in progress], rtol=1e-5,
+                                 err_msg=name)
+    np.testing.assert_allclose([v for _, v in scalars["learning_rate"]],
+                               0.01, rtol=1e-6)  # The smoke preset's rate.
+    final, _, _ = checkpoints.restore_model(model_dir)
+    penalty = 1e-4 * sum(float(np.sum(np.square(w.numpy().astype(
+        np.float64)))) for w in final.trainable_weights
+                         if len(w.shape) == 4) / 2
+    self.assertAlmostEqual(scalars["weight_decay_loss"][-1][1], penalty,
+                           delta=1e-5 * penalty)
+    self.assertEqual(result["train_window"], 1)
+    evaluations = [r for r in records if "eval" in r]
+    self.assertEqual([r["step"] for r in evaluations], [4, 7])
+    self.assertEqual({r["eval"]["examples"] for r in evaluations}, {20})
+    self.assertEqual(result["eval"]["examples"], 20)
+    # Checkpoints at 2, 4, 6 and 7: the newest two are kept.
+    self.assertEqual(sorted(checkpoints.checkpoint_step(p) for p in
+                            checkpoints.checkpoint_prefixes(model_dir)),
+                     [6, 7])
+    # Neither eval_steps nor eval_at_end: no evaluation at all.
+    quiet_dir = self.create_tempdir().full_path
+    quiet = trainer.train(self._config(eval_steps=0, eval_at_end=False,
+                                       train_steps=3),
+                          quiet_dir, echo=lambda line: None)
+    self.assertEqual([r for r in metrics.read(quiet_dir) if "eval" in r],
+                     [])
+    self.assertIsNone(quiet["eval"])
+
+  def test_a_call_runs_to_the_next_step_with_something_to_do(self):
+    config = self._config(train_steps=100, log_steps=10,
+                          checkpoint_steps=25, eval_steps=0)
+    # By hand: the next multiple of 10 or 25, at most MOST steps on, never
+    # past the run's end.
+    for step, most, expected in ((0, 100, 10), (10, 100, 20), (20, 100, 25),
+                                 (25, 100, 30), (0, 3, 3), (93, 100, 100),
+                                 (98, 1, 99)):
+      self.assertEqual(trainer._next_stop(config, step, most), expected,
+                       (step, most))
+    with_eval = self._config(train_steps=100, log_steps=10,
+                             checkpoint_steps=25, eval_steps=7)
+    self.assertEqual(trainer._next_stop(with_eval, 0, 100), 7)
+    self.assertEqual(trainer._next_stop(with_eval, 14, 100), 20)
+
+
+class TrainerInputTest(absltest.TestCase):
+  """The trainer's training stream is the configured one: the first
+  num_train_examples examples, each once per epoch, in the seed's order."""
+
+  def _labels(self, **overrides):
+    config = configs.from_preset("smoke", width=0.0625, units=(1,),
+                                 batch_size=8, num_train_examples=16,
+                                 deterministic=True, **overrides)
+    run = run_lib.prepare(config, tfds_data.dataset_info("synthetic"),
+                          self.create_tempdir().full_path)
+    trainer_ = trainer.Trainer(run, tf.distribute.get_strategy())
+    trainer_.restore(None)
+    return np.concatenate([next(trainer_.iterator)[1].numpy()
+                           for _ in range(4)])
+
+  def test_the_first_examples_in_the_seeds_order(self):
+    first = synthetic.arrays("train")[1][:16]
+    seed0 = self._labels()
+    for epoch in (seed0[:16], seed0[16:]):
+      self.assertCountEqual(epoch, first)
+    np.testing.assert_array_equal(self._labels(), seed0)
+    self.assertFalse(np.array_equal(self._labels(seed=1), seed0))
+
+
+class MetricsReadersTest(absltest.TestCase):
+  """metrics.jsonl's readers, on records written out by hand."""
+
+  RECORDS = [
+      {"step": 0, "start": True, "time": 0.0},
+      {"step": 10, "train_steps": 30, "loss": 2.0, "time": 1.0},
+      {"step": 10, "eval": {"top1": 0.2, "loss": 2.1}, "time": 1.5},
+      {"step": 20, "train_steps": 30, "loss": 1.5, "time": 2.0},
+      # A resumed session repeats step 20 (the later record counts), and
+      # //bin:evaluate's records (another dataset, perhaps) do not count.
+      {"step": 10, "start": True, "time": 5.0},
+      {"step": 20, "train_steps": 30, "loss": 1.25, "time": 6.0},
+      {"step": 20, "eval": {"top1": 0.9}, "source": "evaluate", "time": 6.5},
+      {"step": 30, "train_steps": 30, "loss": 1.0, "time": 7.0},
+      {"step": 30, "eval": {"top1": 0.5, "loss": 1.1}, "time": 7.5},
+      {"step": 30, "train_eval": {"loss": 0.9, "top1": 0.6, "top5": 0.9,
+                                  "examples": 48}, "time": 8.0},
+  ]
+
+  def test_curves_take_each_steps_last_record_of_training(self):
+    self.assertEqual(metrics.training_loss_curve(self.RECORDS),
+                     [[10, 2.0], [20, 1.25], [30, 1.0]])
+    self.assertEqual(metrics.evaluation_curve(self.RECORDS),
+                     [[10, 0.2], [30, 0.5]])
+    self.assertEqual(metrics.evaluation_curve(self.RECORDS, "loss"),
+                     [[10, 2.1], [30, 1.1]])
+    self.assertEqual(metrics.training_set_evaluation(self.RECORDS),
+                     {"loss": 0.9, "top1": 0.6, "top5": 0.9, "examples": 48,
+                      "step": 30})
+    self.assertIsNone(metrics.training_set_evaluation(self.RECORDS[:-1]))
+    # (2 - 0) + (8 - 5): each session up to its last record of training.
+    self.assertAlmostEqual(metrics.wall_seconds(self.RECORDS), 5.0)
+
+  def test_values_keep_four_significant_digits(self):
+    for value, expected in ((0.123456, 0.1235), (98765.4, 98770.0),
+                            (-2.000049, -2.0), (1.23456e-7, 1.235e-7),
+                            (0.0, 0.0)):
+      self.assertEqual(metrics.round_value(value), expected)
+    self.assertTrue(math.isnan(metrics.round_value(float("nan"))))
+    self.assertEqual(metrics.round_value(float("inf")), float("inf"))
+    self.assertEqual(metrics.round_value(1.23456, digits=2), 1.2)
+
+
+def _dense_net(units):
+  """images [n, 32, 32, 3] -> flatten -> a Dense layer of UNITS."""
+  return keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(),
+                           keras.layers.Dense(units)])
 
 
 class FailedSaveTest(absltest.TestCase):

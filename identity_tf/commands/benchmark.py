@@ -11,6 +11,7 @@ import types
 
 from identity_tf import configs
 from identity_tf import errors
+from identity_tf import files
 from identity_tf import machine
 from identity_tf.commands import cli
 
@@ -48,6 +49,9 @@ def options_from_flags(values):
       raise errors.ConfigError(
           f"--json={given}: directory {directory} does not "
           "exist; create it or pick another path")
+    # A name too long or a directory that takes no file: said now, not
+    # after minutes of measuring.
+    files.check_output_file(options.json, f"--json={given}")
   return options
 
 
@@ -85,8 +89,10 @@ def benchmark_command(flag_values, command_args, log=cli.print_stderr):
   for line in lines:
     print(line)
   if options.json:
-    with open(options.json, "w") as f:
-      json.dump(report, f, indent=1, default=float)
-      f.write("\n")
+    def write(path):
+      with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=float)
+        f.write("\n")
+    files.write_whole(options.json, write, f"--json={options.json}", ".json")
     log(f"wrote {options.json}")
   return report

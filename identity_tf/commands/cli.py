@@ -24,27 +24,33 @@ from identity_tf import configs
 from identity_tf import errors
 
 
-def begin(argv, example="--help"):
+def begin(argv, example="--help", takes_arguments=False,
+          start_tensorflow=True):
   """The start of a binary's main(ARGV).
 
   TensorFlow and absl log every checkpoint write and more at INFO: the
   terminal is kept for progress lines unless --verbosity asks for more, and
   TensorFlow starts without its C++ start-up lines (once the flags are
-  checked: `start_tensorflow_quietly`). No
-  binary takes positional arguments (but those that say so and do not call
-  this): one line naming them and how flags look (EXAMPLE), exit status 1.
+  checked: `start_tensorflow_quietly`; START_TENSORFLOW False leaves that
+  to the binary, which calls it once it knows it needs TensorFlow). No
+  binary takes positional arguments (but those that say so,
+  TAKES_ARGUMENTS): one line naming them and how flags look (EXAMPLE),
+  exit status 1.
   """
   stop_on_signals()
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
     # Keras imports Matplotlib, which warns twice when it cannot write a
-    # cache under HOME (a read-only or missing home): nothing a run needs.
+    # cache under HOME (a read-only or missing home) and notes each font
+    # cache it builds: nothing a run needs.
     python_logging.getLogger("matplotlib").setLevel(python_logging.ERROR)
   check_finite_flags()
-  if len(argv) > 1:
+  check_integer_flags()
+  if len(argv) > 1 and not takes_arguments:
     raise SystemExit(f"error: unexpected arguments {' '.join(argv[1:])}; "
                      f"flags look like {example}")
-  start_tensorflow_quietly()
+  if start_tensorflow:
+    start_tensorflow_quietly()
 
 
 # TensorFlow's C++ start-up lines on a machine without a GPU: oneDNN's and
@@ -104,6 +110,7 @@ def stop_on_signals():
     os.write(2 if _terminal_fd is None else _terminal_fd,
              f"error: stopped by {name}; run the same command to start "
              f"again\n".encode())
+    remove_scratch_home()
     os._exit(128 + signum)  # pylint: disable=protected-access
   try:
     # SIGTERM last: once it is caught, both are (what a test waits for).
@@ -111,6 +118,46 @@ def stop_on_signals():
       signal.signal(signum, stop)
   except ValueError:  # Not the main thread: the caller's handlers stay.
     pass
+
+
+# The largest magnitude of an integer flag, unless `INTEGER_FLAG_LIMITS`
+# says otherwise: TensorFlow takes sizes and counts as int32 (and a value
+# past it would only fail, or overflow, once the work is under way).
+LARGEST_INTEGER = 2**31 - 1
+# Integer flags that mean more than int32 holds: their largest magnitude,
+# or None where the binary itself checks the range (//bin:export's
+# --version, whose line says what TF Serving reads).
+INTEGER_FLAG_LIMITS = {"seed": 2**32 - 1, "seeds": 2**32 - 1,
+                       "model_version": 2**63 - 1, "version": None}
+# The flags of `configs.Config` fields (`define_config_flags`): checked by
+# `configs.validate`, with the run's own bounds and lines.
+_CONFIG_FLAGS = set()
+
+
+def check_integer_flags():
+  """One line and exit status 1 if an integer flag, a repeated one or a
+  comma-separated list of integers was given a value past
+  `LARGEST_INTEGER` (or the flag's `INTEGER_FLAG_LIMITS`) either way: absl
+  bounds only the flags that say so, and Python's integers have none."""
+  for name in flags.FLAGS:
+    flag = flags.FLAGS[name]
+    if not flag.present or flag.value is None or name in _CONFIG_FLAGS:
+      continue
+    limit = INTEGER_FLAG_LIMITS.get(name, LARGEST_INTEGER)
+    if limit is None:
+      continue
+    values = flag.value if isinstance(flag.value, list) else [flag.value]
+    if isinstance(flag.parser, flags.IntegerParser):
+      numbers = values
+    elif isinstance(flag.parser, flags.ListParser):
+      numbers = [int(v) for v in values
+                 if isinstance(v, str) and re.fullmatch(r"\s*[+-]?\d+\s*", v)]
+    else:
+      continue
+    for number in numbers:
+      if abs(number) > limit:
+        raise SystemExit(f"error: --{name}={number} is beyond {limit}, the "
+                         "largest it takes; lower it")
 
 
 def check_finite_flags():
@@ -223,6 +270,7 @@ def define_config_flags(config_class, exclude=("preset",)):
     if field.name in exclude:
       continue
     kind, text = field.type, field.metadata["help"]
+    _CONFIG_FLAGS.add(field.name)
     if kind is tuple:
       flags.DEFINE_list(field.name, None, text)
     elif kind is bool:
@@ -244,12 +292,119 @@ def run(main, doc, groups=(), shown=None):
   `usage(DOC, ...)` on stdout and exits 0. SHOWN(argv) gives the values to
   show beside the flags (default: their defaults): //bin:train shows the
   preset named on the command line."""
+  keep_home_untouched()
   argv = sys.argv[1:]
-  if any(arg in HELP_FLAGS for arg in argv):
-    sys.stdout.write(usage(doc, sys.modules[main.__module__], groups,
-                           shown(argv) if shown else None))
-    sys.exit(0)
-  app.run(main)
+
+  def checked_main(argv):
+    # Before anything else the binary does: every binary's flags, bounded.
+    check_finite_flags()
+    check_integer_flags()
+    return main(argv)
+
+  try:
+    try:
+      if any(arg in HELP_FLAGS for arg in argv):
+        sys.stdout.write(usage(doc, sys.modules[main.__module__], groups,
+                               shown(argv) if shown else None))
+        sys.exit(0)
+      app.run(checked_main)
+    finally:
+      # What is still buffered goes now, where a closed stdout is caught,
+      # not at the interpreter's exit.
+      sys.stdout.flush()
+  except BrokenPipeError:
+    if not _stdout_closed():
+      raise
+    _output_was_closed()
+  except SystemExit as e:
+    if _OUTPUT_CLOSED and e.code in (None, 0):
+      _output_was_closed()
+    raise
+
+
+# Set once a result could not be written: stdout's reader is gone
+# (`print_result`).
+_OUTPUT_CLOSED = []
+
+
+def print_result(line):
+  """LINE on stdout at once, for a program reading the results as they
+  come (//bin:evaluate --watch). Its reader gone (`... | head -1`), the
+  work goes on -- its files are written whole -- and the binary ends with
+  one line saying the output was closed (`run`)."""
+  if _OUTPUT_CLOSED:
+    return
+  try:
+    print(line, flush=True)
+  except BrokenPipeError:
+    _discard_stdout()
+    _OUTPUT_CLOSED.append(True)
+
+
+def _discard_stdout():
+  """Points stdout at /dev/null: nothing more can reach its reader, and the
+  flush at exit would fail again."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())
+  os.close(devnull)
+
+
+def _output_was_closed():
+  _discard_stdout()
+  exit_with("error: the output was closed before the command could write "
+            "all of it (a pipe's reader such as head exited); what it wrote "
+            "to files is whole: run it again without closing its output "
+            "to see the rest", 1)
+
+
+def _stdout_closed():
+  """Whether stdout is a pipe whose reader has gone (or otherwise takes no
+  more): poll(2) reports an error on its write end."""
+  import select  # pylint: disable=g-import-not-at-top
+  try:
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP)
+               for _, events in poller.poll(0))
+  except (OSError, ValueError):
+    return True
+
+
+# Where Keras and Matplotlib write what they otherwise write into the home
+# directory (~/.keras/keras.json; ~/.config/matplotlib and its font cache in
+# ~/.cache/matplotlib): a directory of this process's, removed at its exit.
+_SCRATCH_HOME = []
+
+
+def keep_home_untouched():
+  """Points Keras (KERAS_HOME) and Matplotlib (MPLCONFIGDIR) at a
+  temporary directory of this process's, unless the user set them: a
+  binary writes only where the user told it to, never into their home
+  directory. The directory is removed when the process exits (also on
+  SIGTERM and Ctrl-C, `stop_on_signals`); it is made only if one of them
+  is needed, before either is imported."""
+  wanted = [name for name in ("KERAS_HOME", "MPLCONFIGDIR")
+            if name not in os.environ]
+  if not wanted or _SCRATCH_HOME:
+    return
+  import atexit  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  try:
+    scratch = tempfile.mkdtemp(prefix="identity_tf-")
+  except OSError:  # No temporary directory to write: theirs, as before.
+    return
+  _SCRATCH_HOME.append(scratch)
+  atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+  for name in wanted:
+    os.environ[name] = os.path.join(scratch, name.lower())
+
+
+def remove_scratch_home():
+  """Removes `keep_home_untouched`'s directory now (before an `os._exit`,
+  which skips the removal at exit)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  for scratch in _SCRATCH_HOME:
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def usage(doc, module, groups=(), shown=None):

@@ -41,7 +41,7 @@ PATH_FLAGS = {"R": "r", "sigma": "sigma", "output": "output", "plot": "plot"}
 
 def print_json(result):
   """The binary's EMIT: RESULT as JSON on stdout, alone there."""
-  print(json.dumps(result, indent=1, default=float), flush=True)
+  cli.print_result(json.dumps(result, indent=1, default=float))
 
 
 def _subcommand(arguments):
@@ -86,6 +86,9 @@ def main(arguments, flags, *, log=cli.print_stderr, emit=print_json):
       arguments[f"{PATH_FLAGS[name]}_as_typed"] = value
     else:
       arguments[name] = value
+  # Every subcommand computes with TensorFlow: started now, without its
+  # C++ start-up lines (the terminal is for the JSON and progress).
+  cli.start_tensorflow_quietly()
   commands = {"factorize": linear_run.factorize_command,
               "check": linear_run.check_command,
               "descend": linear_run.descend_command,

@@ -54,6 +54,9 @@ def train_command(config, model_dir, *, data_dir=None, tpu=None,
   except ValueError as e:  # DatasetNotReadyError and NaN stops too.
     cli.exit_with(f"error: {cli.message(e)}", 1)
   except tf.errors.OpError as e:
+    damaged = tfds_data.input_failure(e, config.dataset, data_dir)
+    if damaged is not None:
+      cli.exit_with(f"error: {cli.message(damaged)}", 1)
     cluster = config.strategy in distribute.CLUSTER_STRATEGIES
     cli.exit_with(
         f"error: {distribute.describe_failure(e, cluster=cluster)}", 1)

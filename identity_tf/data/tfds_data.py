@@ -217,7 +217,159 @@ def prepared_builder(name, data_dir, split=None):
     raise DatasetNotReadyError(*_not_ready_message(
         name, data_dir, given,
         f"split {split!r} missing from {name}/{builder.version}"))
+  if split is not None:
+    problem = _shards_problem(builder, split)
+    if problem:
+      raise errors.DataError(*_damaged_message(name, data_dir, given,
+                                               builder, problem))
   return builder
+
+
+def _damaged_message(name, data_dir, given, builder, problem):
+  """The parts of one line for a prepared copy whose file is damaged
+  (PROBLEM: the file and what is wrong with it): prepared again, once the
+  copy is removed (a prepared copy is otherwise left as it is)."""
+  return (f"dataset {name} in {_where(data_dir, given)} is damaged: "
+          f"{problem}; remove {builder.data_dir}, then ",
+          *_how_to_prepare(name, data_dir))
+
+
+# A TFRecord: its length (uint64) and the length's CRC (uint32), the data,
+# the data's CRC (uint32).
+_TFRECORD_FRAMING = 8 + 4 + 4
+
+
+def _shards_problem(builder, split):
+  """What makes a file of BUILDER's SPLIT not whole, as a phrase naming the
+  file ("PATH is missing", "PATH is cut short: ..."), or None. TFDS
+  records each split's records per file and their bytes (without the
+  TFRecord framing), so a file cut short, missing or grown is found by its
+  size alone, before any training; which one, by walking its records'
+  lengths."""
+  try:
+    info = builder.info.splits[split]
+    tfrecord = "tfrecord" in str(builder.info.file_format).lower()
+    paths = [os.fspath(p) for p in info.filepaths]
+    lengths = [int(n) for n in info.shard_lengths]
+    expected = int(info.num_bytes) + _TFRECORD_FRAMING * sum(lengths)
+  except Exception:  # pylint: disable=broad-except
+    return None  # A TFDS that records less: nothing to check against.
+  if not tfrecord or not int(info.num_bytes) or len(paths) != len(lengths):
+    return None
+  sizes = []
+  for path in paths:
+    if not tf.io.gfile.exists(path):
+      return f"{path} is missing"
+    sizes.append(tf.io.gfile.stat(path).length)
+  if sum(sizes) == expected:
+    return None
+  for path, records, size in zip(paths, lengths, sizes):
+    problem = _tfrecord_problem(path, records, size)
+    if problem:
+      return f"{path} {problem}"
+  # Every file holds its records whole: TFDS counted the bytes otherwise.
+  return None
+
+
+def _tfrecord_problem(path, records, size):
+  """What makes TFRecord file PATH of SIZE bytes not hold its RECORDS
+  records whole (a phrase that follows its name), or None: read from the
+  records' lengths alone."""
+  count, position = 0, 0
+  with tf.io.gfile.GFile(path, "rb") as f:
+    while position < size:
+      if count == records:
+        return (f"is longer than its {records} records: {size - position} "
+                "more bytes follow them")
+      if position + 12 > size:
+        return (f"is cut short: it ends inside the header of record "
+                f"{count + 1} of its {records}")
+      f.seek(position)
+      length = int.from_bytes(f.read(8), "little")
+      position += _TFRECORD_FRAMING + length
+      count += 1
+      if position > size:
+        return (f"is cut short: it ends inside record {count} of its "
+                f"{records} ({size} bytes)")
+  if count < records:
+    return f"is cut short: it holds {count} of its {records} records"
+  return None
+
+
+def input_failure(error, name, data_dir=None):
+  """The one-line error (an `errors.DataError`, unraised) naming the
+  damaged file of dataset NAME in DATA_DIR and the fix, if ERROR (a
+  tf.errors.OpError that stopped a training or evaluation) is the input's
+  failure to read a record, or TFDS finding fewer records than a split
+  holds; None otherwise (a checkpoint that fails its checksums is a
+  `DamagedCheckpointError` before this). Resuming cannot help: the fix is
+  preparing the dataset again."""
+  text = str(error)
+  if not (isinstance(error, tf.errors.DataLossError) or
+          "expected to contain" in text):
+    return None
+  found = damaged_file(name, data_dir)
+  if found is not None:
+    return found
+  what = re.search(r"(corrupted|truncated) record at \d+|Input dataset was "
+                   r"expected to contain \d+ elements but contained only \d+",
+                   text)
+  return errors.DataError(
+      f"a record of dataset {name} could not be read ({type(error).__name__}"
+      f"{': ' + what.group(0) if what else ''}): a file of its prepared copy "
+      "is damaged; remove that copy and prepare it again (",
+      errors.Command("prepare_data", f"--dataset={name}"
+                     + (f" --data_dir={data_dir}" if data_dir else "")), ")")
+
+
+# The most bytes `damaged_file` reads to find which file fails its
+# checksums: past it, the line names the dataset's directory alone.
+CHECKSUM_SCAN_BYTES = 2 << 30
+
+
+def damaged_file(name, data_dir=None):
+  """One line (an `errors.DataError`, unraised) naming the file of
+  dataset NAME prepared in DATA_DIR that is damaged and how to prepare it
+  again, for a training or evaluation that stopped on a record it could
+  not read (TensorFlow's DataLossError names no file); None if no file is
+  found damaged. Sizes first (`_shards_problem`), then, for a dataset of at
+  most CHECKSUM_SCAN_BYTES, each file read through TensorFlow's checksummed
+  reader."""
+  if name == datasets.SYNTHETIC:
+    return None
+  tfds = tfds_module()
+  given = bool(data_dir)
+  data_dir = os.fspath(data_dir) if given else tfds.core.constants.DATA_DIR
+  try:
+    builder = _builder(name, data_dir)
+    splits = list(builder.info.splits)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  for split in splits:
+    problem = _shards_problem(builder, split)
+    if problem:
+      return errors.DataError(*_damaged_message(name, data_dir, given,
+                                                builder, problem))
+  paths = [os.fspath(p) for split in splits
+           for p in builder.info.splits[split].filepaths]
+  try:
+    total = sum(tf.io.gfile.stat(p).length for p in paths)
+  except tf.errors.OpError:
+    return None
+  if total > CHECKSUM_SCAN_BYTES:
+    return None
+  for path in paths:
+    try:
+      for _ in tf.data.TFRecordDataset(path).batch(1024):
+        pass
+    except tf.errors.DataLossError as e:
+      where = re.search(r"(corrupted|truncated) record at \d+", str(e))
+      return errors.DataError(*_damaged_message(
+          name, data_dir, given, builder, f"{path} fails its checksums"
+          + (f" ({where.group(0)})" if where else "")))
+    except tf.errors.OpError:
+      return None
+  return None
 
 
 def manual_dir(data_dir):
@@ -483,6 +635,7 @@ def prepare(name, data_dir=None, source_dir=None, echo=lambda line: None):
   else:
     echo(f"preparing {name} in {data_dir} with TFDS (downloads and converts; "
          "CIFAR takes a few minutes, ImageNet hours)")
+  _check_writable(name, data_dir, given)
   absent = _absent_directories(data_dir, builder)
   try:
     with _preparing(data_dir):
@@ -495,7 +648,7 @@ def prepare(name, data_dir=None, source_dir=None, echo=lambda line: None):
                               download_config)
       finally:
         _STOP_CLEANUP.clear()
-  except BaseException:
+  except BaseException as e:
     # What this attempt created and left empty goes too: the listing of
     # DATA_DIR is what it was (TFDS removes its own incomplete directory).
     for directory in absent:
@@ -503,8 +656,48 @@ def prepare(name, data_dir=None, source_dir=None, echo=lambda line: None):
         os.rmdir(directory)
       except OSError:  # Absent, or not empty (a partial download to resume).
         pass
+    if isinstance(e, OSError) and not isinstance(e, ConnectionError):
+      # Creating or holding DATA_DIR's directories (a closed output is the
+      # command layer's to say).
+      raise errors.DataError(*_unwritable_message(name, data_dir, given,
+                                                  e)) from None
     raise
   return builder.data_dir
+
+
+def _unwritable_message(name, data_dir, given, error):
+  """The parts of one line for OSError ERROR met writing into DATA_DIR."""
+  where = f" ({error.filename})" if error.filename else ""
+  return (f"could not prepare {name} in {_where(data_dir, given)}: "
+          f"{error.strerror or error}{where}; give a --data_dir you can write "
+          "to (or make it writable); nothing was kept from this attempt",)
+
+
+def _check_writable(name, data_dir, given):
+  """DataError (one line) unless a preparation can write into DATA_DIR:
+  where it exists, an empty file created and removed in it; else the
+  nearest directory above it that exists must let it be created (nothing
+  is written there)."""
+  if "://" in data_dir:
+    return
+  existing = os.path.abspath(data_dir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  try:
+    if existing == os.path.abspath(data_dir):
+      probe = os.path.join(existing, f".write-probe-{uuid.uuid4().hex[:12]}")
+      with open(probe, "x"):
+        pass
+      os.remove(probe)
+    elif not os.path.isdir(existing):
+      raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                               existing)
+    elif not os.access(existing, os.W_OK | os.X_OK):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES),
+                            existing)
+  except OSError as e:
+    raise errors.DataError(*_unwritable_message(name, data_dir, given,
+                                                e)) from None
 
 
 def _source_dir(name, source_dir):
@@ -666,6 +859,14 @@ def _download_and_prepare(name, builder, data_dir, source_dir,
     while cause is not None and not (isinstance(cause, OSError) and
                                      cause.errno == errno.ENOSPC):
       cause = cause.__cause__ or cause.__context__
+    refused = e
+    while refused is not None and not (
+        isinstance(refused, OSError) and
+        refused.errno in (errno.EACCES, errno.EPERM, errno.EROFS)):
+      refused = refused.__cause__ or refused.__context__
+    if refused is not None:
+      raise errors.DataError(*_unwritable_message(
+          name, data_dir, True, refused)) from None
     if cause is not None or "No space left on device" in str(e):
       raise errors.DataError(
           f"could not prepare {name} in {data_dir}: no space left on its "

@@ -47,6 +47,7 @@ from identity_tf.serving.contract import CLASSES_KEY
 from identity_tf.serving.contract import DEFAULT_SIGNATURE
 from identity_tf.serving.contract import IMAGES_SIGNATURE
 from identity_tf.serving.contract import INPUT_KEY
+from identity_tf.serving.contract import MAX_IMAGE_PIXELS
 from identity_tf.serving.contract import PROBABILITIES_KEY
 from identity_tf.serving.contract import SIGNATURES
 
@@ -100,6 +101,54 @@ def image_format(data):
   return None
 
 
+def _jpeg_size(data):
+  """(height, width) of JPEG DATA's first frame header (SOFn), or None if
+  its markers end before one."""
+  position = 2
+  while position + 4 <= len(data):
+    if data[position] != 0xFF:
+      return None
+    marker = data[position + 1]
+    if marker == 0xFF:  # Fill byte.
+      position += 1
+      continue
+    if marker in (0x01, *range(0xD0, 0xD9)):  # No length follows.
+      position += 2
+      continue
+    length = int.from_bytes(data[position + 2:position + 4], "big")
+    if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB,
+                  0xCD, 0xCE, 0xCF):
+      frame = data[position + 5:position + 9]
+      if len(frame) < 4:
+        return None
+      return (int.from_bytes(frame[:2], "big"),
+              int.from_bytes(frame[2:], "big"))
+    if marker == 0xDA or length < 2:  # Scan data: no frame header before.
+      return None
+    position += 2 + length
+  return None
+
+
+def declared_size(data):
+  """(height, width) the image file DATA declares in its header (JPEG's
+  frame header, PNG's IHDR, GIF's logical screen, BMP's info header), as
+  the model's `predict_images` reads it; None if it declares none."""
+  kind = image_format(data)
+  head = data[:32].ljust(32, b"\0")
+  if kind == "PNG" and head[12:16] == b"IHDR":
+    return (int.from_bytes(head[20:24], "big"),
+            int.from_bytes(head[16:20], "big"))
+  if kind == "GIF":
+    return (int.from_bytes(head[8:10], "little"),
+            int.from_bytes(head[6:8], "little"))
+  if kind == "BMP":
+    return (abs(int.from_bytes(head[22:26], "little", signed=True)),
+            abs(int.from_bytes(head[18:22], "little", signed=True)))
+  if kind == "JPEG":
+    return _jpeg_size(data)
+  return None
+
+
 def read_input(path, display_name=None):
   """The `Input` of file PATH; ServingError if it is neither image nor .npy."""
   name = display_name or path
@@ -135,6 +184,14 @@ def read_input(path, display_name=None):
     raise errors.ServingError(
         f"{name} is neither a JPEG/PNG image nor a .npy array; pass image "
         f"files or .npy arrays of raw 0-255 pixels")
+  size = declared_size(data)
+  if size is not None and (max(size) > MAX_IMAGE_PIXELS or
+                           size[0] * size[1] > MAX_IMAGE_PIXELS):
+    # The model refuses it too, before decoding; not sent at all.
+    raise errors.ServingError(
+        f"{name} is {size[1]}x{size[0]} pixels (its header says so), more "
+        f"than the {MAX_IMAGE_PIXELS} the served model decodes: resize it "
+        "first")
   return Input(name, "image", data, [name])
 
 
@@ -233,7 +290,7 @@ def condense_error(message):
 def _error_text(raw):
   try:
     text = str(json.loads(raw)["error"])
-  except (ValueError, KeyError, TypeError):
+  except (ValueError, KeyError, TypeError, RecursionError):
     text = raw.decode("utf-8", "replace")
   return condense_error(text)
 
@@ -337,6 +394,10 @@ def rest_predict(server, model_name, signature, batch, version=None,
   except ValueError:
     raise errors.ServingError(f"{server} did not answer with JSON: is it TF "
                               f"Serving's REST port?") from None
+  except RecursionError:  # Nested thousands deep: no answer of TF Serving.
+    raise errors.ServingError(
+        f"{server} answered JSON nested too deeply to read: is it TF "
+        "Serving's REST port, serving an identity_tf export?") from None
   return parse_rest_response(body)
 
 
@@ -507,11 +568,13 @@ def top_k(probabilities, k):
 def read_class_names(model_info_path):
   """The class names in a model_info.json, or None if it has none."""
   try:
-    with open(model_info_path) as f:
+    with open(model_info_path, "rb") as f:
       info = json.load(f)
   except (OSError, ValueError) as e:
     raise errors.ServingError(f"cannot read --model_info={model_info_path}: "
                               f"{e}") from None
+  except RecursionError:
+    info = None  # Nested too deeply: not an export's, said below.
   classes = info.get("classes", {}) if isinstance(info, dict) else None
   names = classes.get("names") if isinstance(classes, dict) else None
   if not isinstance(classes, dict) or not (

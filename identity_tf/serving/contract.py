@@ -18,3 +18,9 @@ PROBABILITIES_KEY = "probabilities"
 CLASSES_KEY = "classes"
 # What an export writes beside the SavedModel: classes, input, preprocessing.
 MODEL_INFO_FILE = "model_info.json"
+# The most pixels (width x height) an image file may declare in its header:
+# `predict_images` refuses a larger one before decoding it (a 1 MB PNG can
+# declare 20000x20000 pixels, 1.2 GB decoded), and `serving.client` does
+# not send it. 8192x8192; a model of a fixed input size takes that size
+# alone.
+MAX_IMAGE_PIXELS = 1 << 26

@@ -151,6 +151,66 @@ def _check_element(bad, message):
   return tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [text])
 
 
+def _first_values(bad, values):
+  """(first index at which vector BAD is True, the row of matrix VALUES
+  there) for an assertion's message; a row of zeros when none is (the
+  message is then not shown), also for no rows at all."""
+  index = _first_index(bad)
+  columns = values.shape[1]
+  padded = tf.concat([values, tf.zeros([1, columns], values.dtype)], 0)
+  row = tf.gather(padded, tf.minimum(index, tf.shape(values, tf.int64)[0]))
+  return index, tf.unstack(row, num=columns)
+
+
+# The formats `predict_images` decodes, by their leading bytes.
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_JPEG_START = b"\xff\xd8\xff"
+_GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
+_BMP_SIGNATURE = b"BM"
+
+
+def declared_size(encoded):
+  """(height and width int64 [2], whether known) that the encoded image
+  ENCODED (a scalar string) declares in its header, read from its first
+  bytes alone -- PNG's IHDR, GIF's logical screen, BMP's info header, and
+  for JPEG its frame header (`tf.image.extract_jpeg_shape`, which fails on
+  a JPEG it cannot read): nothing is decoded. Known only for JPEG, PNG, GIF
+  and BMP (what the signature decodes), with both sizes positive."""
+  padded = tf.strings.join([encoded, tf.constant(bytes(32))])
+  head = tf.cast(tf.io.decode_raw(tf.strings.substr(padded, 0, 32),
+                                  tf.uint8), tf.int64)
+
+  def starts_with(magic, at=0):
+    return tf.equal(tf.strings.substr(padded, at, len(magic)), magic)
+
+  def number(start, size, big_endian):
+    places = range(size) if not big_endian else reversed(range(size))
+    return sum(head[start + i] * (1 << (8 * k))
+               for k, i in zip(range(size), places))
+
+  # BMP's height is negative for rows stored top down; TensorFlow reads
+  # both as 32-bit integers.
+  bmp_height = number(22, 4, False)
+  bmp_height = tf.abs(tf.where(bmp_height >= 1 << 31, bmp_height - (1 << 32),
+                               bmp_height))
+  bmp_width = number(18, 4, False)
+  bmp_width = tf.where(bmp_width >= 1 << 31, bmp_width - (1 << 32), bmp_width)
+  png = starts_with(_PNG_SIGNATURE) & starts_with(b"IHDR", 12)
+  gif = starts_with(_GIF_SIGNATURES[0]) | starts_with(_GIF_SIGNATURES[1])
+  jpeg = starts_with(_JPEG_START)
+  bmp = starts_with(_BMP_SIGNATURE)
+  other = tf.where(png, tf.stack([number(20, 4, True), number(16, 4, True)]),
+                   tf.where(gif, tf.stack([number(8, 2, False),
+                                           number(6, 2, False)]),
+                            tf.stack([bmp_height, bmp_width])))
+  size = tf.cond(
+      jpeg, lambda: tf.cast(tf.image.extract_jpeg_shape(encoded)[:2],
+                            tf.int64),
+      lambda: other)
+  known = (jpeg | png | gif | bmp) & tf.reduce_all(size > 0)
+  return size, known
+
+
 class ServingModule:
   """MODEL plus its preprocessing as the two serving functions."""
 
@@ -233,26 +293,45 @@ class ServingModule:
     # Each file is decoded and preprocessed as one element of a tf.data
     # pipeline whose decoding errors are dropped (`ignore_errors`) instead of
     # failing the request anonymously; the indices that come out tell which
-    # element was bad, and an assertion names it.
+    # element was bad, and an assertion names it. A file is decoded only
+    # once its header declares a size the model takes (`declared_size`): a
+    # small file may declare a huge image (a decompression bomb), and a
+    # file of another size is refused anyway.
     def decode(index, encoded):
-      # Decoding to the model's channels turns colour into grey (or grey
-      # into colour) as the training data was.
-      image = tf.io.decode_image(encoded, channels=channels,
-                                 expand_animations=False)
-      height_width = tf.shape(image)[:2]
-      if self._fixed_size:  # Checked below; any shape may pass through here.
-        image = tf.image.resize_with_crop_or_pad(image, height, width)
-      pixels = prep.preprocess_for_eval(
-          image[tf.newaxis], self._preprocessing)[0]
-      return index, pixels, height_width
+      declared, known = declared_size(encoded)
+      if self._fixed_size:
+        fits = tf.reduce_all(tf.equal(declared, [height, width]))
+      else:
+        fits = tf.reduce_all(declared <= contract.MAX_IMAGE_PIXELS) & (
+            declared[0] * declared[1] <= contract.MAX_IMAGE_PIXELS)
+      # Not a JPEG, PNG, GIF or BMP: an error, which drops the element.
+      with tf.control_dependencies([tf.debugging.Assert(known, [index])]):
+        fits = tf.identity(fits)
+
+      def decoded():
+        # Decoding to the model's channels turns colour into grey (or grey
+        # into colour) as the training data was.
+        image = tf.io.decode_image(encoded, channels=channels,
+                                   expand_animations=False)
+        if self._fixed_size:  # Checked below; any shape may pass here.
+          image = tf.image.resize_with_crop_or_pad(image, height, width)
+        pixels = prep.preprocess_for_eval(
+            image[tf.newaxis], self._preprocessing)[0]
+        return pixels, tf.shape(image, out_type=tf.int64)[:2]
+
+      def refused():
+        return tf.zeros([size, size, 3]), declared
+
+      pixels, height_width = tf.cond(fits, decoded, refused)
+      return index, pixels, height_width, tf.logical_not(fits)
 
     elements = tf.data.Dataset.from_tensor_slices(
         (tf.range(count), images)).map(
             decode, num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True).ignore_errors()
     empty = (tf.zeros([0], tf.int64), tf.zeros([0, size, size, 3]),
-             tf.zeros([0, 2], tf.int32))
-    indices, pixels, sizes = elements.batch(1024).reduce(
+             tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.bool))
+    indices, pixels, sizes, refused = elements.batch(1024).reduce(
         empty, lambda seen, batch: tuple(
             tf.concat([a, b], 0) for a, b in zip(seen, batch)))
     decoded = tf.scatter_nd(indices[:, tf.newaxis],
@@ -267,11 +346,24 @@ class ServingModule:
     if self._fixed_size:
       with tf.control_dependencies(checks):
         wrong_size = tf.reduce_any(
-            tf.not_equal(sizes, tf.constant([height, width])), axis=1)
+            tf.not_equal(sizes, tf.constant([height, width], tf.int64)),
+            axis=1)
         checks.append(_check_element(
             wrong_size,
             f"images[{{}}] is not {height}x{width} pixels, the size this "
             f"model takes: resize it first"))
+    else:
+      with tf.control_dependencies(checks):
+        # The first refused element (the elements come in order): its
+        # index in the request and its size as its header declares it.
+        _, (index, rows, columns) = _first_values(
+            refused, tf.concat([indices[:, tf.newaxis], sizes], 1))
+        checks.append(tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(refused)),
+            [tf.strings.format(
+                "images[{}] is {}x{} pixels, more than the "
+                f"{contract.MAX_IMAGE_PIXELS} this model decodes: resize it "
+                "first", (index, columns, rows))]))
     with tf.control_dependencies(checks):
       pixels = tf.ensure_shape(tf.identity(pixels), [None, size, size, 3])
     return self._outputs(pixels)

@@ -55,6 +55,10 @@ def read(model_dir):
   file = path(model_dir)
   if not _exists(file):
     raise errors.ConfigError(no_run_message(model_dir))
+  if not _is_url(file) and os.path.isdir(file):
+    raise errors.ConfigError(
+        f"{file} is a directory, not a run's description; move it away and "
+        "restore config.json from a copy, or use a new --model_dir")
   try:
     with _open(file) as f:
       description = json.load(f)
@@ -62,6 +66,16 @@ def read(model_dir):
     raise errors.ConfigError(
         f"{file} is not valid JSON ({e}); restore it from a "
         "copy, or use a new --model_dir") from None
+  except RecursionError:
+    # Python's parser recurses once per level: a file nested thousands
+    # deep is no description, whatever else it holds.
+    raise errors.ConfigError(
+        f"{file} is not a run's description (JSON nested too deeply to "
+        "read); restore it from a copy, or use a new --model_dir") from None
+  except OSError as e:
+    raise errors.ConfigError(
+        f"cannot read {file} ({e.strerror or e}); make it readable, or "
+        "use a new --model_dir") from None
   missing = [key for key in ("config", "model", "preprocessing")
              if not isinstance(description, dict) or key not in description]
   if missing:
@@ -87,8 +101,44 @@ def read(model_dir):
         f"{file} is not the description of a training run "
         f"({'; '.join(wrong)}); restore it from a copy, or use "
         "a new --model_dir")
+  _check_known(file, description)
   _history(model_dir, description)
   return description
+
+
+# The keys of config.json (`run.Run.description` and `record`'s "history").
+DESCRIPTION_KEYS = ("config", "model", "dataset", "preprocessing",
+                    "steps_per_epoch", "history")
+
+
+def known_config_keys():
+  """The keys "config" may hold: every field of `configs.Config` and the
+  earlier versions' names it translates (`configs.LEGACY_FIELDS`)."""
+  return ({field.name for field in dataclasses.fields(configs.Config)} |
+          set(getattr(configs, "LEGACY_FIELDS", ())))
+
+
+def unknown_keys(description):
+  """The keys of DESCRIPTION (config.json's dict) this version does not
+  know, at its top level and in its "config", as "config.NAME" there."""
+  unknown = sorted(set(description) - set(DESCRIPTION_KEYS))
+  config = description.get("config")
+  if isinstance(config, dict):
+    unknown += [f"config.{name}"
+                for name in sorted(set(config) - known_config_keys())]
+  return unknown
+
+
+def _check_known(file, description):
+  """ConfigError naming them if DESCRIPTION has keys this version does not
+  know: settings of a newer version, which this one would neither apply nor
+  keep (it rewrites config.json from what it knows)."""
+  unknown = unknown_keys(description)
+  if unknown:
+    raise errors.ConfigError(
+        f"{file} holds settings this version of identity_tf does not know "
+        f"({', '.join(unknown)}), which it would neither apply nor keep: "
+        "run the newer version that wrote it, or use a new --model_dir")
 
 
 def _kind(value):
@@ -103,6 +153,11 @@ def write(model_dir, description):
   """Writes config.json whole or not at all (`files.write_text_atomically`):
   a crash leaves the old file or the new one, never a mix or an empty
   file."""
+  unknown = unknown_keys(description)
+  if unknown:  # A key added to the description must be added to those read.
+    raise errors.ConfigError(
+        f"config.json would hold keys this version does not read back "
+        f"({', '.join(unknown)}): add them to config_file.DESCRIPTION_KEYS")
   if _is_url(model_dir):
     _gfile().makedirs(model_dir)
   else:

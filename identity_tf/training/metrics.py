@@ -20,6 +20,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
+from identity_tf import errors
+
 METRICS_FILE = "metrics.jsonl"
 TRAIN_DIR = "train"
 EVAL_DIR = "eval"
@@ -204,18 +206,74 @@ def round_value(value, digits=4):
 def read(model_dir):
   """The records of MODEL_DIR's metrics.jsonl, in the order written ([] if
   there are none). A resumed run writes the steps after its checkpoint
-  again, later in the file."""
+  again, later in the file. A line that is not one of `MetricsWriter`'s
+  records (`well_formed`: cut short by a kill, or damaged) is left out, as
+  the training that appends to the file leaves it be; OutputError (one
+  line) if metrics.jsonl is not a file that can be read."""
   path = os.path.join(model_dir, METRICS_FILE)
   if not tf.io.gfile.exists(path):
     return []
+  if tf.io.gfile.isdir(path):
+    raise errors.OutputError(
+        f"{path} is a directory, not a run's metrics; move it away (the "
+        "run's records are then gone) or use a new --model_dir")
   records = []
-  with tf.io.gfile.GFile(path) as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue  # A line cut short by a kill.
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+        except (ValueError, RecursionError):
+          continue  # A line cut short by a kill, or not JSON.
+        if well_formed(record):
+          records.append(record)
+  except tf.errors.OpError as e:
+    reason = (e.message or type(e).__name__).splitlines()[0]
+    raise errors.OutputError(f"cannot read {path} ({reason}); make it "
+                             "readable, or use a new --model_dir") from None
   return records
+
+
+def _number(value):
+  # NaN too: a diverging run's last losses are written as NaN.
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value):
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _scores(value):
+  return isinstance(value, dict) and all(
+      isinstance(name, str) and (_number(score) or score is None)
+      for name, score in value.items())
+
+
+# The fields the readers below take from a record, and what each must be.
+_FIELD_KINDS = {
+    "time": lambda v: _number(v) and np.isfinite(v), "loss": _number, "top1": _number, "lr": _number,
+    "images_per_second": _number, "train_steps": _integer,
+    "nan_step": lambda v: v is None or _integer(v),
+    "eval": _scores, TRAIN_EVAL: _scores,
+    "start": lambda v: isinstance(v, bool),
+    "done": lambda v: isinstance(v, bool),
+    "diverged": lambda v: isinstance(v, bool),
+    "stopped": lambda v: isinstance(v, str),
+    "machine": lambda v: v is None or isinstance(v, str),
+    "source": lambda v: isinstance(v, str),
+}
+
+
+def well_formed(record):
+  """Whether RECORD (a line of metrics.jsonl, parsed) is a record as
+  `MetricsWriter` writes them: an object with an integer "step" and a
+  finite "time", each field the readers use of its kind."""
+  return (isinstance(record, dict) and _integer(record.get("step")) and
+          "time" in record and
+          # A training window's: the loss curve reads it.
+          ("train_steps" not in record or "loss" in record) and
+          all(check(record[name]) for name, check in _FIELD_KINDS.items()
+              if name in record))
 
 
 def _from_evaluate(record):

@@ -195,9 +195,9 @@ def _model_options(config, num_classes):
       units=config.units, norm=config.norm, head=config.head,
       init=config.init, seed=config.seed,
       image_size=architectures.input_size(config.model),
-      use_bias=config.use_bias, residual=config.residual,
+      use_bias=config.use_bias, **configs.branch_options(config),
       projection_scale=config.projection_scale,
-      logit_scale=config.logit_scale, ws_init_scale=config.ws_init_scale)
+      logit_scale=config.logit_scale)
   return options
 
 

@@ -217,36 +217,8 @@ def _replica_step(model, probe, optimizer, config, replicas, average):
       mixed_with = (partners, lam)
     activations, logits, per_example, gradients = forward_backward(
         images, labels, mixed_with)
-    unscaled = gradients
-    if loss_scaled:
-      # Clipping, AGC and the diagnostics see the true gradient (dividing
-      # by a power of two is exact); the optimizer gets the scaled one.
-      inverse = 1.0 / optimizer.dynamic_scale
-      unscaled = [g * inverse for g in gradients]
-    # With several replicas in sync each one holds a part of the gradient;
-    # the clipping factors and the reported norm are those of the whole.
-    whole = unscaled
-    if replicas > 1:
-      whole = tf.distribute.get_replica_context().all_reduce(
-          tf.distribute.ReduceOp.SUM, unscaled)
-    clip_now = (optimizer.iterations < config.grad_clip_steps
-                if config.grad_clip_steps else tf.constant(True))
-    factors, grad_norm = optimization.clip_factors(
-        whole, variables, config.grad_clip_norm, config.agc_clip, clip_now)
-    if config.bias_lr_factor != 1:
-      # A factor on a gradient is that factor on its learning rate under
-      # SGD with momentum (the momentum is linear in the gradients).
-      factors = [
-          (config.bias_lr_factor if f is None else f * config.bias_lr_factor)
-          if optimization.bias_like(v) else f
-          for f, v in zip(factors, variables)]
-    gradients = [g if f is None else g * f
-                 for g, f in zip(gradients, factors)]
-    if loss_scaled:
-      gradients = _skip_together(gradients, grad_norm)
-      # A step the loss scaler skips is not a divergence: its overflowed
-      # norm is left out of the peaks (the scale is in the progress line).
-      grad_norm = tf.where(tf.math.is_finite(grad_norm), grad_norm, 0.0)
+    gradients, grad_norm = _clipped_gradients(
+        gradients, variables, optimizer, config, replicas, loss_scaled)
     kernels = [v for v in variables if len(v.shape) >= 2]
     before = [tf.identity(v) for v in kernels]
     optimizer.apply_gradients(zip(gradients, variables))
@@ -258,23 +230,70 @@ def _replica_step(model, probe, optimizer, config, replicas, average):
     update_ratio = tf.reduce_max(tf.stack([
         tf.math.divide_no_nan(tf.norm(v - b), tf.norm(b))
         for v, b in zip(kernels, before)]))
-    rms = {name: tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
-                                                          tf.float32))))
-           for name in names}
-    predicted = tf.argmax(logits, -1, output_type=tf.int32)
-    correct = tf.cast(tf.equal(predicted, labels), tf.float32)
-    if mixed_with is not None:
-      # As Fixup's code counts a mixed batch: each target by its weight.
-      partners, lam = mixed_with
-      correct = lam * correct + (1 - lam) * tf.cast(
-          tf.equal(predicted, partners), tf.float32)
     return _pack({
-        "loss_sum": tf.reduce_sum(per_example),
-        "correct": tf.reduce_sum(correct),
-        "examples": tf.cast(tf.size(labels), tf.float32),
-        "grad_norm": grad_norm, "update_ratio": update_ratio,
-        "activation_rms": rms})
+        **_batch_metrics(activations, names, logits, per_example, labels,
+                         mixed_with),
+        "grad_norm": grad_norm, "update_ratio": update_ratio})
   return replica_step
+
+
+def _clipped_gradients(gradients, variables, optimizer, config, replicas,
+                       loss_scaled):
+  """GRADIENTS (one replica's) times the clipping factors of the whole
+  batch's gradient (global clip and AGC, `optimization.clip_factors`) and
+  the biases' rate factor; with the whole gradient's norm."""
+  unscaled = gradients
+  if loss_scaled:
+    # Clipping, AGC and the diagnostics see the true gradient (dividing
+    # by a power of two is exact); the optimizer gets the scaled one.
+    inverse = 1.0 / optimizer.dynamic_scale
+    unscaled = [g * inverse for g in gradients]
+  # With several replicas in sync each one holds a part of the gradient;
+  # the clipping factors and the reported norm are those of the whole.
+  whole = unscaled
+  if replicas > 1:
+    whole = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, unscaled)
+  clip_now = (optimizer.iterations < config.grad_clip_steps
+              if config.grad_clip_steps else tf.constant(True))
+  factors, grad_norm = optimization.clip_factors(
+      whole, variables, config.grad_clip_norm, config.agc_clip, clip_now)
+  if config.bias_lr_factor != 1:
+    # A factor on a gradient is that factor on its learning rate under
+    # SGD with momentum (the momentum is linear in the gradients).
+    factors = [
+        (config.bias_lr_factor if f is None else f * config.bias_lr_factor)
+        if optimization.bias_like(v) else f
+        for f, v in zip(factors, variables)]
+  gradients = [g if f is None else g * f
+               for g, f in zip(gradients, factors)]
+  if loss_scaled:
+    gradients = _skip_together(gradients, grad_norm)
+    # A step the loss scaler skips is not a divergence: its overflowed
+    # norm is left out of the peaks (the scale is in the progress line).
+    grad_norm = tf.where(tf.math.is_finite(grad_norm), grad_norm, 0.0)
+  return gradients, grad_norm
+
+
+def _batch_metrics(activations, names, logits, per_example, labels,
+                   mixed_with):
+  """One replica's sums for the progress line: the loss, the correct
+  predictions (a mixed batch's weighted by its two targets), the examples,
+  and the RMS of each probed activation of NAMES."""
+  rms = {name: tf.sqrt(tf.reduce_mean(tf.square(tf.cast(activations[name],
+                                                        tf.float32))))
+         for name in names}
+  predicted = tf.argmax(logits, -1, output_type=tf.int32)
+  correct = tf.cast(tf.equal(predicted, labels), tf.float32)
+  if mixed_with is not None:
+    # As Fixup's code counts a mixed batch: each target by its weight.
+    partners, lam = mixed_with
+    correct = lam * correct + (1 - lam) * tf.cast(
+        tf.equal(predicted, partners), tf.float32)
+  return {"loss_sum": tf.reduce_sum(per_example),
+          "correct": tf.reduce_sum(correct),
+          "examples": tf.cast(tf.size(labels), tf.float32),
+          "activation_rms": rms}
 
 
 def _skip_together(gradients, whole_norm):

@@ -20,6 +20,7 @@ round(b T / T0), so the schedule keeps its shape (the paper's 30k and 50k of
 test split once per epoch.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from identity_tf import configs
 from identity_tf import errors
 from identity_tf import files
 from identity_tf.training import run as run_lib
+from identity_tf.training import statistics
 
 # Where studies before metrics.jsonl recorded how it ended kept a run's
 # status, NaN step and wall time: read (`run_status`), never written.
@@ -54,36 +56,41 @@ def run_config(arm, seed, *, dataset, epochs, num_train_examples,
                width=None, precision=None):
   """The `configs.Config` of ARM's run with SEED on DATASET for EPOCHS.
 
-  The preset's learning-rate boundaries and warm-up are scaled to the
-  budget; the run evaluates and checkpoints once per epoch, and on the
-  whole training split at the end (of NUM_TRAIN_EXAMPLES, the
+  The learning-rate boundaries (the preset's, or the arm's where it sets
+  them, both steps of the preset's train_steps) and the preset's warm-up are
+  scaled to the budget; the run evaluates and checkpoints once per epoch,
+  and on the whole training split at the end (of NUM_TRAIN_EXAMPLES, the
   dataset's, as `run.steps_per_epoch` counts it for the run). WIDTH and
-  PRECISION None keep the preset's. The arm's own overrides come last:
-  they win (the `precision` study's arms keep their precisions).
+  PRECISION None keep the preset's. The arm's other overrides come last:
+  they win (the `precision` study's arms keep their precisions; a warm-up
+  an arm sets is in steps of the run).
   """
   base = configs.PRESETS[arm.preset]
   arm_overrides = dict(arm.overrides)
   config = configs.override(base, **{"dataset": dataset, "seed": seed,
                                      "width": width, "precision": precision,
                                      **arm_overrides})
+  # The arm's recipe at the preset's budget, whose schedule is scaled.
+  recipe = dataclasses.replace(base, lr_boundaries=config.lr_boundaries)
   steps_per_epoch = run_lib.steps_per_epoch(config, num_train_examples)
   steps = max(1, math.ceil(epochs * steps_per_epoch))
-  boundaries = _scaled_boundaries(base, steps)
-  if "lr_boundaries" not in arm_overrides and (
-      len(set(boundaries)) < len(boundaries)):
+  boundaries = _scaled_boundaries(recipe, steps)
+  if len(set(boundaries)) < len(boundaries):
     # Rounded to whole steps, drops a few steps apart land on one step:
     # name the budget the user chose, not a flag they did not set.
     enough = next(n for n in range(steps, base.train_steps + 1)
-                  if len(set(_scaled_boundaries(base, n))) == len(boundaries))
+                  if len(set(_scaled_boundaries(recipe, n)))
+                  == len(boundaries))
     raise errors.ConfigError(
         f"--epochs={epochs:g} is {steps} steps of {arm.name}, too few to keep "
-        f"its preset's learning-rate drops (steps {list(base.lr_boundaries)}"
+        f"its learning-rate drops (steps {list(recipe.lr_boundaries)}"
         f" of {base.train_steps}) apart: give --epochs="
         f"{math.ceil(100 * enough / steps_per_epoch) / 100:g} or more")
   epoch = max(1, round(steps_per_epoch))
   # A preset's warm-up keeps its share of the budget, as its boundaries do.
   warmup = (max(1, round(base.warmup_steps * steps / base.train_steps))
             if base.warmup_steps else 0)
+  arm_overrides.pop("lr_boundaries", None)
   return configs.override(config, **{
       "train_steps": steps, "lr_boundaries": boundaries,
       "warmup_steps": warmup, "eval_train_at_end": True, "eval_steps": epoch,
@@ -114,10 +121,43 @@ def run_status(model_dir, records):
   ended = metrics.status(records)
   if ended and ended["status"] in ("done", "diverged"):
     return {**state, **ended}
+
+  def _legacy_record(path):
+    # The study.json at PATH, checked: one line naming it unless it is what
+    # studies wrote there, {"status": "done", "diverged" or "pending",
+    # "nan_step": a step or null, "wall_seconds": seconds}.
+    def damaged(what):
+      return errors.CheckpointError(
+          f"{path} is {what}, not a study's record of how the run ended; "
+          "restore it from a copy, or remove it (the run is then reported "
+          "from its metrics.jsonl alone)")
+    try:
+      with open(path, "rb") as f:
+        old = json.load(f)
+    except IsADirectoryError:
+      raise damaged("a directory") from None
+    except (ValueError, RecursionError):
+      raise damaged("not JSON") from None
+    except OSError as e:
+      raise errors.CheckpointError(
+          f"cannot read {path} ({e.strerror or e}); make it readable, or "
+          "remove it") from None
+    if not isinstance(old, dict):
+      raise damaged("a JSON " + {list: "list", str: "string", bool: "boolean",
+                                 type(None): "null"}.get(type(old), "number"))
+    nan_step, wall = old.get("nan_step"), old.get("wall_seconds", 0.0)
+    if (old.get("status") not in ("done", "diverged", "pending") or
+        not (nan_step is None or (isinstance(nan_step, int) and
+                                  not isinstance(nan_step, bool))) or
+        isinstance(wall, bool) or not isinstance(wall, (int, float)) or
+        not math.isfinite(wall)):
+      raise damaged('damaged (its "status", "nan_step" or "wall_seconds" '
+                    "is not what a study wrote)")
+    return old
+
   legacy = os.path.join(model_dir, LEGACY_RUN_FILE)
   if os.path.exists(legacy):
-    with open(legacy) as f:
-      old = json.load(f)
+    old = _legacy_record(legacy)
     state.update(status=old["status"], nan_step=old.get("nan_step"))
     if not records:
       state["wall_seconds"] = old.get("wall_seconds", 0.0)
@@ -179,9 +219,7 @@ def _check_same_run(config, model_dir, name):
   CONFIG's (`config_file.run_changes`): a finished one would be skipped and
   reported as the arm's, an unfinished one continued under two recipes.
   It was started with another --epochs or --precision, or its arm has been
-  redefined since (normfree's paper_best was `--init=fixup`, then
-  `--residual=skipinit_ws`, then `--residual=skipinit_ws_small` at the
-  paper's std)."""
+  redefined since."""
   from identity_tf.training import config_file  # pylint: disable=g-import-not-at-top
   changed = config_file.run_changes(model_dir, config)
   if changed:
@@ -229,23 +267,41 @@ def _run_results(model_dir, seed, top1_levels=TOP1_LEVELS):
   from identity_tf.training import config_file
   from identity_tf.training import metrics
   # pylint: enable=g-import-not-at-top
+  # Every record and value taken from the files is checked (metrics.read
+  # leaves out a line that is not a record; config_file.read refuses a
+  # config.json that is not a run's in one line naming it): a damaged
+  # file costs what it held, never the report.
   records = metrics.read(model_dir)
   state = run_status(model_dir, records)
   top1 = metrics.evaluation_curve(records)
   description = (config_file.read(model_dir)
                  if config_file.exists(model_dir) else None)
   config = description["config"] if description else None
+
+  def number(value):
+    return (value if isinstance(value, (int, float)) and
+            not isinstance(value, bool) and math.isfinite(value) and
+            value > 0 else None)
+
+  settings = None
+  if description:
+    steps, per_epoch = (number(config.get("train_steps")),
+                        number(description.get("steps_per_epoch")))
+    settings = {"dataset": config.get("dataset"),
+                "width": config.get("width"),
+                "precision": config.get("precision", "float32"),
+                "epochs": round(steps / per_epoch, 2) if steps and per_epoch
+                          else None}
+  batch_size = number(config.get("batch_size")) if config else None
   rate = metrics.images_per_second(records)
   return {
       "seed": seed, "model_dir": model_dir, **state,
       # What the run trains with, for the report's header.
-      "settings": {"dataset": config["dataset"], "width": config["width"],
-                   "precision": config.get("precision", "float32"),
-                   "epochs": round(config["train_steps"]
-                                   / description["steps_per_epoch"], 2)}
-                  if description else None,
+      "settings": settings,
       "images_per_second": rate, "machines": metrics.machines(records),
-      "time_to_top1": _time_to_top1(records, rate, config, top1_levels),
+      "time_to_top1": _time_to_top1(
+          records, rate, {"batch_size": batch_size} if batch_size else None,
+          top1_levels),
       "final_top1": top1[-1][1] if top1 and state["status"] == "done"
                     else None,
       # The whole training set evaluated once at the end: what the run
@@ -279,7 +335,12 @@ def runs_started(study, output_dir, arms=None, seeds=None):
   started = []
   for arm in arms_named(study, arms):
     arm_dir = os.path.dirname(model_dir_of(output_dir, arm, 0))
-    entries = os.listdir(arm_dir) if os.path.isdir(arm_dir) else ()
+    try:
+      entries = os.listdir(arm_dir) if os.path.isdir(arm_dir) else ()
+    except OSError as e:
+      raise errors.CheckpointError(
+          f"cannot list the runs in {arm_dir} ({e.strerror}); make it "
+          "readable, or pass --arms without it") from None
     found = sorted(int(entry[len("seed"):]) for entry in entries
                    if re.fullmatch(r"seed\d+", entry)
                    and os.path.isdir(os.path.join(arm_dir, entry)))
@@ -299,8 +360,11 @@ def collect(study, output_dir, arms=None, seeds=None,
   evaluation), best_top1, time_to_top1 (the time to each test top-1 level
   of TOP1_LEVELS, also in the results, ascending) and the curves
   train_loss and test_top1 as [[step, value], ...]; plus the config of
-  the first run found. Raises `errors.CheckpointError` if no run has
-  started: there is nothing to report.
+  the first run found; where the study names a reference arm,
+  "against_reference": the `statistics.paired_difference` of the arm's
+  final top-1 minus the reference's, by seed. Raises
+  `errors.CheckpointError` if no run has started: there is nothing to
+  report.
   """
   top1_levels = sorted(set(top1_levels))
   results = {"study": study.name, "description": study.description,
@@ -323,6 +387,11 @@ def collect(study, output_dir, arms=None, seeds=None,
                               "overrides": dict(arm.overrides),
                               "description": arm.description,
                               "config": config, "runs": runs})
+  if study.reference:
+    results["reference"] = study.reference
+    for arm in results["arms"]:
+      arm["against_reference"] = compare(results, study.reference).get(
+          arm["name"])
   return results
 
 
@@ -354,8 +423,8 @@ def _summary(values):
   text = ", ".join(_percent(v) for v in values)
   if len(present) < len(values):
     return text
-  return (f"{100 * np.mean(present):.2f} ± {100 * np.std(present):.2f} "
-          f"({text})")
+  return (f"{100 * np.mean(present):.2f} ± "
+          f"{100 * statistics.sample_std(present):.2f} ({text})")
 
 
 def _training_set(runs, key):
@@ -367,9 +436,34 @@ def _training_set(runs, key):
   scale, digits = (100, 2) if key == "top1" else (1, 4)
   text = f"{scale * np.mean(values):.{digits}f}"
   if len(values) > 1:
-    text += f" ± {scale * np.std(values):.{digits}f}"
+    text += f" ± {scale * statistics.sample_std(values):.{digits}f}"
   return text if len(values) == len(runs) else (
       f"{text} ({len(values)}/{len(runs)})")
+
+
+def final_top1_by_seed(arm):
+  """{seed: final test top-1} of ARM's finished runs (a `collect` arm)."""
+  return {r["seed"]: r["final_top1"] for r in arm["runs"]
+          if r["final_top1"] is not None}
+
+
+def compare(results, reference):
+  """{arm name: `statistics.paired_difference`} of every arm's final test
+  top-1 against the arm named REFERENCE, by seed; {} if REFERENCE has no
+  finished run."""
+  arms = {arm["name"]: arm for arm in results["arms"]}
+  if reference not in arms:
+    return {}
+  base = final_top1_by_seed(arms[reference])
+  return {name: statistics.paired_difference(final_top1_by_seed(arm), base)
+          for name, arm in arms.items() if name != reference}
+
+
+def _against(arm, reference):
+  """The table's cell: ARM's final top-1 minus REFERENCE's, in words."""
+  if arm["name"] == reference:
+    return "(reference)"
+  return statistics.wording(arm.get("against_reference"))
 
 
 def markdown_table(results):
@@ -378,11 +472,15 @@ def markdown_table(results):
   results' top1_levels."""
   top1_levels = results.get("top1_levels", TOP1_LEVELS)
   levels = " / ".join(f"{100 * level:g}" for level in top1_levels)
+  reference = results.get("reference")
   lines = [
-      "| configuration | what | seeds | final test top-1 (%) | best test "
-      "top-1 (%) | training-set loss | training-set top-1 (%) | NaN at step "
-      f"| wall time | images/s | minutes to {levels} %: wall | undisturbed |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|",
+      "| configuration | what | seeds | final test top-1 (%) | "
+      + (f"against {reference} (paired by seed) | " if reference else "")
+      + "best test top-1 (%) | training-set loss | training-set top-1 (%) | "
+      f"NaN at step | wall time | images/s | minutes to {levels} %: wall | "
+      "undisturbed |",
+      "|---|---|---|---|" + ("---|" if reference else "")
+      + "---|---|---|---|---|---|---|---|",
   ]
   for arm in results["arms"]:
     runs = arm["runs"]
@@ -403,7 +501,8 @@ def markdown_table(results):
         f"| {arm['name']} | {arm['description']} | "
         f"{', '.join(str(r['seed']) for r in runs)} | "
         f"{_summary([r['final_top1'] for r in runs])} | "
-        f"{_summary([r['best_top1'] for r in runs])} | "
+        + (f"{_against(arm, reference)} | " if reference else "")
+        + f"{_summary([r['best_top1'] for r in runs])} | "
         f"{_training_set(runs, 'loss')} | {_training_set(runs, 'top1')} | "
         f"{', '.join(nan) or 'none'} | {wall} | {rates} | " + " | ".join(
             " / ".join(_minutes_to(runs, level, key) for level in top1_levels)

@@ -1,0 +1,178 @@
+"""The tables of docs/results.md, from the committed result files.
+
+Each file (docs/results/*.json: per-seed results, the commands that
+produced them and the CPU; docs/results/README.md says what each holds)
+becomes a markdown table, one row per arm: its seeds, its final test top-1
+(the mean ± the sample standard deviation, n - 1, and the value of every
+seed) and its training-set loss; then one row per comparison the file
+names: the per-seed differences to the reference arm ("ARM" of the same
+file or "FILE:ARM" of another), their mean, the 95 % Student's t interval
+and the words that interval allows, and the same difference of the
+training-set loss where both arms have it (`statistics`). A study's own
+results.json (`study.collect`) reads the same way. Pure Python.
+"""
+
+import json
+import os
+
+from identity_tf import errors
+from identity_tf.training import statistics
+
+
+def load(results_dir, names=None):
+  """{name: the JSON of results_dir/NAME.json} for NAMES (default: all)."""
+  if not os.path.isdir(results_dir):
+    raise errors.ConfigError(f"--results_dir {results_dir} is not a directory; run "
+                     "from the repository's root or pass --results_dir")
+  found = sorted(name[:-len(".json")] for name in os.listdir(results_dir)
+                 if name.endswith(".json"))
+  missing = sorted(set(names or ()) - set(found))
+  if missing:
+    raise errors.ConfigError(f"no {', '.join(missing)} in {results_dir} (it holds "
+                     f"{', '.join(found) or 'no .json file'}); fix --files")
+  files = {}
+  for name in found:
+    path = os.path.join(results_dir, name + ".json")
+    try:
+      with open(path) as f:
+        files[name] = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+      raise errors.ConfigError(f"cannot read {path} ({e}); fix or remove "
+                       "it") from None
+  return files
+
+
+def final_top1_by_seed(arm):
+  """{seed: final test top-1} of ARM's finished runs."""
+  return {run["seed"]: run["final_top1"] for run in arm["runs"]
+          if run.get("final_top1") is not None}
+
+
+def train_loss_by_seed(arm):
+  """{seed: training-set loss at the end} of ARM's runs that have one."""
+  return {run["seed"]: run["train_set"]["loss"] for run in arm["runs"]
+          if (run.get("train_set") or {}).get("loss") is not None}
+
+
+def _arm(files, reference, name):
+  """The arm REFERENCE ("ARM", or "FILE:ARM" of another file) names, seen
+  from file NAME."""
+  where, _, arm_name = reference.rpartition(":")
+  if (where or name) not in files:
+    raise errors.ConfigError(f"{name}.json compares with {reference}, but there is "
+                     f"no {where}.json; fix its comparisons")
+  arms = {arm["name"]: arm for arm in files[where or name]["arms"]}
+  if arm_name not in arms:
+    raise errors.ConfigError(f"{name}.json compares with {reference}, which is not "
+                     f"an arm of {where or name}.json; fix its comparisons")
+  return arms[arm_name]
+
+
+def _percent(value):
+  return f"{100 * value:.2f}"
+
+
+def top1_cell(arm):
+  """'93.52 ± 0.27 (93.37, 93.37, 93.83)', one seed's value, or what
+  became of runs without one (NaN, stopped, not yet measured)."""
+  runs = arm["runs"]
+  if not runs:
+    return "not yet measured"
+  texts = []
+  for run in runs:
+    if run.get("final_top1") is not None:
+      texts.append(_percent(run["final_top1"]))
+    elif run.get("status") == "diverged":
+      texts.append(f"NaN at step {run.get('nan_step')}")
+    elif run.get("stopped_at_step") is not None:
+      texts.append(f"stopped at step {run['stopped_at_step']}")
+    else:  # A study's own results.json: "running", "pending".
+      texts.append(str(run.get("status")))
+  values = list(final_top1_by_seed(arm).values())
+  if len(values) < 2:
+    return ", ".join(texts)
+  return (f"{_percent(statistics.mean(values))} ± "
+          f"{_percent(statistics.sample_std(values))} ({', '.join(texts)})")
+
+
+def loss_cell(arm):
+  """The training-set loss at the end: mean ± sample std (per seed), the
+  one seed's, or a mean the file holds without its seeds; else the last
+  training loss the runs reported, said so; '' if none."""
+  losses = [run["train_set"]["loss"] for run in arm["runs"]
+            if (run.get("train_set") or {}).get("loss") is not None]
+  suffix = ""
+  if not losses:
+    losses = [run["final_training_loss"] for run in arm["runs"]
+              if run.get("final_training_loss") is not None]
+    suffix = " (the last training loss reported)" if losses else ""
+  means = arm.get("train_set_means")
+  if means and len(losses) < len(arm["runs"]):
+    return f"{means['loss']:.4f} (mean; not every seed's recorded)"
+  if len(losses) > 1:
+    return (f"{statistics.mean(losses):.4f} ± "
+            f"{statistics.sample_std(losses):.4f}{suffix}")
+  return f"{losses[0]:.4f}{suffix}" if losses else ""
+
+
+def _loss_difference(arm, reference):
+  """The training-set loss's paired difference: '-0.0019 (-0.0064 to
+  +0.0026)' (the mean and its 95 % interval), the one seed's, or ''."""
+  difference = statistics.paired_difference(train_loss_by_seed(arm),
+                                            train_loss_by_seed(reference))
+  if difference is None:
+    return ""
+  text = f"{difference['mean']:+.4f}"
+  if difference["interval"] is None:
+    return text + " (one seed)"
+  low, high = difference["interval"]
+  return text + f" ({low:+.4f} to {high:+.4f})"
+
+
+def comparison_row(files, name, arm_name, reference):
+  """One comparison's cells: ARM_NAME - REFERENCE, seed by seed."""
+  arm, base = _arm(files, arm_name, name), _arm(files, reference, name)
+  difference = statistics.paired_difference(final_top1_by_seed(arm),
+                                            final_top1_by_seed(base))
+  loss = _loss_difference(arm, base)
+  if difference is None:
+    return (f"| {arm_name} - {reference} | | | | | "
+            f"{statistics.wording(difference)} | {loss} |")
+  seeds = ", ".join(str(seed) for seed in difference["seeds"])
+  each = ", ".join(f"{100 * d:+.2f}" for d in difference["differences"])
+  spread = ("" if difference["std"] is None
+            else f" ± {100 * difference['std']:.2f}")
+  interval = ("" if difference["interval"] is None else
+              " to ".join(f"{100 * v:+.2f}" for v in difference["interval"]))
+  return (f"| {arm_name} - {reference} | {seeds} | {each} | "
+          f"{100 * difference['mean']:+.2f}{spread} | {interval} | "
+          f"{statistics.wording(difference)} | {loss} |")
+
+
+def file_tables(files, name):
+  """The markdown of file NAME: its conditions, arms and comparisons."""
+  data = files[name]
+  conditions = ", ".join(f"{key} {data[key]}" for key in
+                         ("dataset", "width", "epochs", "precision")
+                         if key in data)
+  # A study's own results.json has no title or cpu (its runs' machines).
+  title = data.get("title") or f"Study {data.get('study', name)}"
+  lines = [f"## {title} ({name}.json)", "",
+           f"{conditions}; CPU: {data.get('cpu', 'per run')}.", "",
+           "| arm | seeds | final test top-1 (%) | training-set loss |",
+           "| --- | --- | --- | --- |"]
+  for arm in data["arms"]:
+    seeds = ", ".join(str(run["seed"]) for run in arm["runs"])
+    lines.append(f"| {arm['name']} | {seeds} | {top1_cell(arm)} | "
+                 f"{loss_cell(arm)} |")
+  comparisons = data.get("comparisons") or [
+      [arm["name"], data["reference"]] for arm in data["arms"]
+      if data.get("reference") and arm["name"] != data["reference"]]
+  if comparisons:
+    lines += ["", "| comparison | seeds | test top-1, per seed (points) | "
+              "mean ± sample std | 95 % interval | in words | training-set "
+              "loss: mean difference (95 % interval) |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [comparison_row(files, name, arm, reference)
+              for arm, reference in comparisons]
+  return "\n".join(lines) + "\n"
