@@ -413,8 +413,7 @@ class DatasetFileTest(testing.SharedRootTestCase):
     # TensorFlow's native log may add a line about the cache of the
     # iterator it tears down after the error (W0000 ... cache_dataset_ops):
     # the binary's own last line is the error.
-    line = [l for l in result.stderr.splitlines() if l.strip()
-            and not re.match(r"[IWE]\d{4} ", l)][-1]
+    line = testing.own_stderr_lines(result)[-1]
     self.assertStartsWith(line, f"error: dataset fashion_mnist in --data_dir="
                           f"{data_dir} is damaged: {shard} fails its "
                           "checksums")

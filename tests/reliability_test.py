@@ -39,27 +39,6 @@ SMOKE = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
          "--log_steps=10", "--steps_per_loop=10", "--checkpoint_steps=10",
          "--num_eval_examples=100"]
 
-# What a binary logs about the machine rather than the command: TensorFlow's
-# native (C++) start-up log (CUDA, CPU features), printed before absl
-# initialises logging, so TF_CPP_MIN_LOG_LEVEL does not silence it; and
-# Matplotlib's (imported by Keras) when the home directory is not writable,
-# as under the test sandbox. Python's other warnings (absl's "W1125 ...
-# file.py:12] ...") are not in it.
-_MACHINE_LOG = re.compile(
-    r"(WARNING: All log messages before absl::InitializeLog\(\)"
-    r"|[IWEF]\d{4} [\d:.]+\s+\d+ \w+\.cc:\d+\]"
-    r"|To enable the following instructions:"
-    r"|W\d{4} [\d:.]+\s+\d+ __init__\.py:\d+\] (mkdir -p failed for path "
-    r".*/matplotlib|Matplotlib created a temporary cache directory))")
-
-
-def _own_lines(result):
-  """The non-empty lines of a process's stderr but for `_MACHINE_LOG`: what
-  the command itself said."""
-  return [line for line in result.stderr.splitlines()
-          if line.strip() and not _MACHINE_LOG.match(line)]
-
-
 def _float_flags(binary):
   """The float flags BINARY defines: absl's --helpfull says "(a number)",
   or "(number >= 0.001)" and the like for one with bounds."""
@@ -448,7 +427,7 @@ class OneRunTest(testing.SharedRootTestCase):
       what = (key, result.stderr[-2000:])
       self.assertEqual(result.returncode, 1, what)
       # The error alone: no configuration before it, no TFDS warning.
-      lines = _own_lines(result)
+      lines = testing.own_stderr_lines(result)
       self.assertLen(lines, 1, what)
       self.assertRegex(lines[0], pattern, what)
       self.assertEqual(result.stdout, "", what)
@@ -465,7 +444,7 @@ class OneRunTest(testing.SharedRootTestCase):
     result = testing.run_binary("export", f"--model_dir={model_dir}",
                                 f"--export_dir={export_dir}")
     self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-    lines = _own_lines(result)
+    lines = testing.own_stderr_lines(result)
     self.assertLen(lines, 1, result.stderr[-2000:])
     self.assertRegex(lines[0], rf"^error: no intact checkpoint in "
                      rf"--model_dir={re.escape(model_dir)}: ckpt-20: .*; "
@@ -527,7 +506,7 @@ class OneRightLineTest(testing.SharedRootTestCase):
                   if not l.startswith("Pass --help"))
       self.assertRegex(line, pattern, (binary, args))
       if binary == "train":  # The line alone, nothing (of TFDS's) before it.
-        self.assertEqual(_own_lines(result), [line], args)
+        self.assertEqual(testing.own_stderr_lines(result), [line], args)
         if any(arg.startswith("--seed=") for arg in args):
           self.assertEqual(result.stderr.strip(), line)  # Not even TF's log.
     for name in ("a.npz", "c", "t", "e", "s"):

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -138,6 +139,28 @@ def snapshot(directory):
         entries[os.path.relpath(path, directory)] = hashlib.sha256(
             f.read()).hexdigest()
   return entries
+
+
+# What a binary logs about the machine rather than the command: TensorFlow's
+# native (C++) log -- at start-up (CUDA, CPU features), printed before absl
+# initialises logging, so TF_CPP_MIN_LOG_LEVEL does not silence it, and at
+# teardown (an input iterator's partly read cache); and
+# Matplotlib's (imported by Keras) when the home directory is not writable,
+# as under the test sandbox. Python's other warnings (absl's "W1125 ...
+# file.py:12] ...") are not in it.
+MACHINE_LOG = re.compile(
+    r"(WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|[IWEF]\d{4} [\d:.]+\s+\d+ \w+\.cc:\d+\]"
+    r"|To enable the following instructions:"
+    r"|W\d{4} [\d:.]+\s+\d+ __init__\.py:\d+\] (mkdir -p failed for path "
+    r".*/matplotlib|Matplotlib created a temporary cache directory))")
+
+
+def own_stderr_lines(result):
+  """The non-empty lines of a process's stderr but for `MACHINE_LOG`: what
+  the command itself said."""
+  return [line for line in result.stderr.splitlines()
+          if line.strip() and not MACHINE_LOG.match(line)]
 
 
 def last_stderr_line(result):

@@ -43,7 +43,8 @@ def load(results_dir, names=None):
 
 
 def final_top1_by_seed(arm):
-  """{seed: final test top-1} of ARM's finished runs."""
+  """{seed: final test top-1} of ARM's finished runs (a result file's arm
+  or `study.collect`'s)."""
   return {run["seed"]: run["final_top1"] for run in arm["runs"]
           if run.get("final_top1") is not None}
 

@@ -31,6 +31,7 @@ import numpy as np
 from identity_tf import configs
 from identity_tf import errors
 from identity_tf import files
+from identity_tf.training import results_tables
 from identity_tf.training import run as run_lib
 from identity_tf.training import statistics
 
@@ -389,9 +390,9 @@ def collect(study, output_dir, arms=None, seeds=None,
                               "config": config, "runs": runs})
   if study.reference:
     results["reference"] = study.reference
+    differences = compare(results, study.reference)
     for arm in results["arms"]:
-      arm["against_reference"] = compare(results, study.reference).get(
-          arm["name"])
+      arm["against_reference"] = differences.get(arm["name"])
   return results
 
 
@@ -441,12 +442,6 @@ def _training_set(runs, key):
       f"{text} ({len(values)}/{len(runs)})")
 
 
-def final_top1_by_seed(arm):
-  """{seed: final test top-1} of ARM's finished runs (a `collect` arm)."""
-  return {r["seed"]: r["final_top1"] for r in arm["runs"]
-          if r["final_top1"] is not None}
-
-
 def compare(results, reference):
   """{arm name: `statistics.paired_difference`} of every arm's final test
   top-1 against the arm named REFERENCE, by seed; {} if REFERENCE has no
@@ -454,8 +449,9 @@ def compare(results, reference):
   arms = {arm["name"]: arm for arm in results["arms"]}
   if reference not in arms:
     return {}
-  base = final_top1_by_seed(arms[reference])
-  return {name: statistics.paired_difference(final_top1_by_seed(arm), base)
+  base = results_tables.final_top1_by_seed(arms[reference])
+  return {name: statistics.paired_difference(
+              results_tables.final_top1_by_seed(arm), base)
           for name, arm in arms.items() if name != reference}
 
 
