@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 from absl.testing import absltest
@@ -729,6 +730,13 @@ class ClosedOutputTest(testing.SharedRootTestCase):
     png = os.path.join(self.root, "img.png")
     with open(png, "wb") as f:
       f.write(testing.PNG_SIGNATURE + bytes(100))
+    # What a binary killed with SIGKILL leaves in the temporary directory
+    # (its Keras and Matplotlib directory): the next binary removes it.
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    leftover = os.path.join(tempfile.gettempdir(),
+                            f"identity_tf-home-{finished.pid}-killed")
+    os.makedirs(os.path.join(leftover, "keras_home"))
     results = {
         "linear_theory": testing.run_binary(
             "linear_theory", "landscape", "--d=2", "--depths=2",
@@ -755,6 +763,7 @@ class ClosedOutputTest(testing.SharedRootTestCase):
                             if ".tmp" in name), [])
     self.assertEqual(_everything_under(home), [])
     self.assertEqual(_everything_under(self.home), [])
+    self.assertFalse(os.path.exists(leftover))
 
 
 class AtomicWriterTest(absltest.TestCase):

@@ -389,14 +389,40 @@ def keep_home_untouched():
     return
   import atexit  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
+  _remove_stale_scratch_homes()
   try:
-    scratch = tempfile.mkdtemp(prefix="identity_tf-")
+    scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
   except OSError:  # No temporary directory to write: theirs, as before.
     return
   _SCRATCH_HOME.append(scratch)
   atexit.register(shutil.rmtree, scratch, ignore_errors=True)
   for name in wanted:
     os.environ[name] = os.path.join(scratch, name.lower())
+
+
+_SCRATCH_PREFIX = "identity_tf-home-"
+
+
+def _remove_stale_scratch_homes():
+  """Removes the scratch directories of this user's binaries that were
+  killed (SIGKILL skips every cleanup): those whose process is gone."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  directory = tempfile.gettempdir()
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return
+  for name in names:
+    match = re.fullmatch(re.escape(_SCRATCH_PREFIX) + r"(\d+)-\w+", name)
+    path = os.path.join(directory, name)
+    try:
+      if not match or os.lstat(path).st_uid != os.getuid():
+        continue
+      os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+      shutil.rmtree(path, ignore_errors=True)
+    except (OSError, OverflowError):
+      continue
 
 
 def remove_scratch_home():
