@@ -129,6 +129,22 @@ class DamageTest(testing.SharedRootTestCase):
         self.assertTrue(any(f.startswith(newest + ".") for f in os.listdir(
             os.path.join(model_dir, checkpoints.DAMAGED_DIR, moved))))
 
+  def test_a_sha256_record_that_is_no_record_is_named_as_unreadable(self):
+    # What write_digest never writes: a list, a number, JSON nested past
+    # Python's recursion limit, bytes that are not text.
+    records = {"list": "[1, 2]", "number": "7",
+               "nested": "[" * 100_000 + "]" * 100_000,
+               "binary": b"\xff\xfe\x00garbage"}
+    model_dir = self._copy()
+    prefix = os.path.join(model_dir, "ckpt-120")
+    self.assertIsNone(checkpoints.damage(prefix))
+    for name, record in records.items():
+      with self.subTest(name):
+        with open(prefix + ".sha256", "wb") as f:
+          f.write(record if isinstance(record, bytes) else record.encode())
+        self.assertEqual(checkpoints.damage(prefix),
+                         "its .sha256 record is unreadable")
+
   def test_evaluate_and_export_take_the_newest_intact_checkpoint(self):
     model_dir = self._copy()
     _flip(os.path.join(model_dir, "ckpt-120.data-00000-of-00001"), 100)

@@ -227,6 +227,16 @@ class DistributedTest(testing.ProcessTestCase):
     self.assertIn("/run/ckpt-40.index; No such file or directory; ", line)
     self.assertLess(len(line), 400)
 
+  def test_tf_config_nested_too_deeply_is_one_line(self):
+    # Python's JSON parser recurses once per level; the binaries print a
+    # ConfigError as one line, a RecursionError as a traceback.
+    deep = '{"cluster": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with absltest.mock.patch.dict(os.environ, {"TF_CONFIG": deep}):
+      with self.assertRaisesRegex(
+          ValueError, r"^TF_CONFIG is JSON nested too deeply to read; set it "
+          r"to \{\"cluster\""):
+        distribute.tf_config()
+
   def test_mirrored_resume_replays_the_input_exactly(self):
     # With 2 replicas tf.distribute's iterator cannot be checkpointed; the
     # resumed run skips the batches already used. Resumed == uninterrupted.

@@ -193,7 +193,11 @@ def damage(prefix):
     try:
       with tf.io.gfile.GFile(prefix + ".sha256") as f:
         recorded = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+      recorded = None
+    # `write_digest` writes {file name: digest}; anything else was not
+    # written by it (a hand, another program, a disk's damage).
+    if not isinstance(recorded, dict):
       return "its .sha256 record is unreadable"
     for path in _files(prefix):
       name = os.path.basename(path)

@@ -42,6 +42,11 @@ def tf_config():
   except json.JSONDecodeError as e:
     raise errors.ConfigError(
         f"TF_CONFIG is not valid JSON ({e}); {fix}") from None
+  except RecursionError:
+    # Python's parser recurses once per level: nested thousands deep it is
+    # no cluster description, whatever else it holds.
+    raise errors.ConfigError(
+        f"TF_CONFIG is JSON nested too deeply to read; {fix}") from None
   if not isinstance(value, dict):
     raise errors.ConfigError(f"TF_CONFIG must be a JSON object, got "
                              f"{type(value).__name__}; {fix}")
