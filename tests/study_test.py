@@ -141,6 +141,31 @@ class ReportTest(absltest.TestCase):
     self.assertGreater(os.path.getsize(paths[study.CURVES_PNG]), 10_000)
 
 
+class Top1RangeTest(absltest.TestCase):
+  """The figure's top-1 axis shows the end of the runs, in %."""
+
+  def test_the_range_holds_every_late_point_and_not_the_first_epochs(self):
+    results = {"arms": [
+        {"name": "a", "runs": [_run(0, "done", [0.10, 0.85, 0.920, 0.930]),
+                               _run(1, "done", [0.20, 0.87, 0.924, 0.934])]},
+        {"name": "b", "runs": [_run(0, "done", [0.50, 0.90, 0.915, 0.928])]},
+        {"name": "diverged", "runs": [_run(0, "diverged", [])]}]}
+    low, high = study.top1_range(results)
+    # Steps 200-400 are the second half of 400: a's means (86.0, 92.2,
+    # 93.2) and b's points (90.0, 91.5, 92.8), in %; step 100 is not.
+    late = [86.0, 92.2, 93.2, 90.0, 91.5, 92.8]
+    self.assertLess(low, min(late))
+    self.assertGreater(high, max(late))
+    self.assertGreater(low, 50.0)  # b's first point, 50 %, is cut off.
+    self.assertAlmostEqual(high - low, 1.5 * (93.2 - 86.0))
+    self.assertIsNone(study.top1_range({"arms": [
+        {"name": "diverged", "runs": [_run(0, "diverged", [])]}]}))
+    # Near 100 % the axis stops at 100.
+    self.assertEqual(study.top1_range({"arms": [
+        {"name": "c", "runs": [_run(0, "done", [0.999, 0.9995])]}]})[1],
+                     100.0)
+
+
 class PairedDifferenceTest(absltest.TestCase):
   """identity_tf.training.statistics against hand computations."""
 

@@ -539,9 +539,38 @@ def _mean_curve(curves):
   return steps, values
 
 
+def _arm_curves(arm, key):
+  """(steps, values) of ARM's KEY curve: the mean over its seeds at the
+  steps all reached, or its first seed's if a seed has no points."""
+  runs = arm["runs"]
+  curves = [r["curves"][key] for r in runs if r["curves"][key]]
+  if len(curves) < len(runs):
+    curves = curves[:1]
+  steps, values = _mean_curve(curves)
+  return steps, values, len(curves)
+
+
+def top1_range(results):
+  """The test top-1 panel's y-range in %: (low, high) around what every arm
+  reached in the second half of its steps, so that the differences at the
+  end -- a fraction of a point -- are not flattened by the first epoch's
+  (lower) evaluations. None if no arm has a test point."""
+  late = []
+  for arm in results["arms"]:
+    steps, values, _ = _arm_curves(arm, "test_top1")
+    if steps:
+      late += [100 * v for s, v in zip(steps, values) if s >= steps[-1] / 2]
+  late = [v for v in late if np.isfinite(v)]
+  if not late:
+    return None
+  spread = max(max(late) - min(late), 0.5)
+  return min(late) - spread / 4, min(100.0, max(late) + spread / 4)
+
+
 def plot_curves(results, path):
-  """Training loss (log scale) and test top-1 against the step, one line
-  per arm (the mean over its seeds); an x marks where a run diverged."""
+  """Training loss (log scale) and test top-1 (%) against the step, one line
+  per arm (the mean over its seeds); an x marks where a run diverged. The
+  top-1 axis spans the second half of the runs (`top1_range`)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
@@ -551,23 +580,25 @@ def plot_curves(results, path):
   colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
   for number, arm in enumerate(results["arms"]):
     colour = colours[number % len(colours)]
-    runs = arm["runs"]
-    for axes, key in ((loss_axes, "train_loss"), (top1_axes, "test_top1")):
-      curves = [r["curves"][key] for r in runs if r["curves"][key]]
-      if len(curves) < len(runs):  # A seed without points: plot seed by seed.
-        curves = curves[:1]
-      steps, values = _mean_curve(curves)
+    for axes, key, scale in ((loss_axes, "train_loss", 1),
+                             (top1_axes, "test_top1", 100)):
+      steps, values, seeds = _arm_curves(arm, key)
       if not steps:
         continue
-      label = arm["name"] + (f" ({len(curves)} seeds)" if len(curves) > 1
-                             else "")
-      axes.plot(steps, values, label=label, color=colour,
-                linestyle="-" if number < len(colours) else "--")
-      if any(r["status"] == "diverged" for r in runs) and key == "train_loss":
+      label = arm["name"] + (f" ({seeds} seeds)" if seeds > 1 else "")
+      axes.plot(steps, [scale * v for v in values], label=label,
+                color=colour, linestyle="-" if number < len(colours) else "--",
+                marker="." if key == "test_top1" else None)
+      if key == "train_loss" and any(r["status"] == "diverged"
+                                     for r in arm["runs"]):
         axes.plot(steps[-1:], values[-1:], "x", color=colour, markersize=10)
   loss_axes.set(xlabel="step", ylabel="training loss", yscale="log",
                 title="training loss (x: diverged after this point)")
-  top1_axes.set(xlabel="step", ylabel="test top-1", title="test top-1")
+  top1_axes.set(xlabel="step", ylabel="test top-1 (%)",
+                title="test top-1 after each epoch (second half of the run)")
+  limits = top1_range(results)
+  if limits:
+    top1_axes.set_ylim(*limits)
   for axes in (loss_axes, top1_axes):
     axes.grid(True, alpha=0.3)
   # The loss panel names every arm that logged a step, diverged ones too.
