@@ -30,6 +30,7 @@ flags.DEFINE_integer("classes", None,
                      "Number of classes (default: the network's).")
 flags.DEFINE_float("width", None, cli.config_help("width"))
 flags.DEFINE_list("units", None, cli.config_help("units"))
+flags.DEFINE_integer("stem_channels", None, cli.config_help("stem_channels"))
 flags.DEFINE_bool("norm", None, cli.config_help("norm"))
 flags.DEFINE_enum("head", None, list(architectures.HEADS),
                   cli.config_help("head"))
@@ -60,7 +61,8 @@ def model_options_from_flags():
   if units is not None:
     units = configs.parse_integers("units", units)
   return dict(classes=FLAGS.classes, width=FLAGS.width, units=units,
-              norm=FLAGS.norm, head=FLAGS.head, init=FLAGS.init,
+              stem_channels=FLAGS.stem_channels, norm=FLAGS.norm,
+              head=FLAGS.head, init=FLAGS.init,
               image_size=FLAGS.image_size,
               projection_scale=FLAGS.projection_scale,
               logit_scale=FLAGS.logit_scale,

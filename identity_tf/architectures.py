@@ -91,7 +91,9 @@ PROJECTION_SCALES = ("classes", "features")
 
 
 # Table 1 / the 34-layer variant. `stem` lists the plain convolutions before
-# the residual stages as (kernel size, channels, stride).
+# the residual stages as (kernel size, channels, stride); in both every stem
+# convolution has one width (16, and 64), which the `stem_channels` option
+# replaces (`stem_plan`).
 @dataclasses.dataclass(frozen=True)
 class Architecture:
   stem: tuple
@@ -122,8 +124,9 @@ MODELS = {
     "nf_resnet": (CIFAR, dict(classes=10, head="normal")),
 }
 PEERS = ("fixup", "skipinit", "nf_resnet")
-DEFAULTS = dict(classes=None, width=1.0, units=None, norm=False, head="frozen",
-                init="paper", seed=0, image_size=None, use_bias=False,
+DEFAULTS = dict(classes=None, width=1.0, units=None, stem_channels=None,
+                norm=False, head="frozen", init="paper", seed=0,
+                image_size=None, use_bias=False,
                 residual="plain", branch_gain="none",
                 weight_standardization=False, ws_gain="trained",
                 branch_init=None, branch_init_scale=1.0,
@@ -143,6 +146,13 @@ class ModelOptions:
     classes: the number of classes (logits).
     width: the multiplier of every layer's channels (1.0: Table 1's).
     units: the residual units of each stage, one integer per stage.
+    stem_channels: the channels of every stem convolution at width 1
+      (scaled by `width` like every other layer): the architecture's (16 in
+      Table 1's CIFAR network, 64 in the ImageNet one) unless set; 64 in
+      the CIFAR network is a stem as wide as stage 1, the layout of Fixup's
+      authors' CIFAR ResNets (Zhang, Dauphin & Ma, 2019), whose stem is as
+      wide as their first stage. An older config.json without it built
+      the architecture's.
     norm: batch-norm pre-activation units (the `resnet_bn` baseline).
     head: the final layer, one of `HEADS`.
     init: how the convolutions are drawn, one of `INIT_SCHEMES`
@@ -165,6 +175,7 @@ class ModelOptions:
   classes: int
   width: float
   units: tuple
+  stem_channels: int
   norm: bool
   head: str
   init: str
@@ -244,6 +255,7 @@ def complete_options(name, **options):
          f"units must be one positive integer or {len(arch.widths)} (one per "
          f"stage of {name}), got {_text(opts['units'])}")
   opts["units"] = units
+  _check_stem(arch, opts)
   _check(isinstance(opts["width"], (int, float)) and opts["width"] > 0,
          f"width must be a positive multiplier (1.0 = the paper's widths), "
          f"got {opts['width']!r}")
@@ -276,6 +288,24 @@ def complete_options(name, **options):
   _check(opts["image_size"] >= 8,
          f"image_size must be at least 8, got {opts['image_size']}")
   return arch, ModelOptions(**opts)
+
+
+def _check_stem(arch, opts):
+  """Sets OPTS' stem_channels to ARCH's where unset; ConfigError unless it
+  is a positive integer no wider than stage 1 (at width 1; `scaled_channels`
+  keeps that order at every width): a residual unit's shortcut pads
+  channels, it cannot drop them (`layers.StridedUnit`)."""
+  stem = opts["stem_channels"]
+  if stem is None:
+    opts["stem_channels"] = arch.stem[0][1]
+    return
+  _check(isinstance(stem, int) and not isinstance(stem, bool) and stem >= 1,
+         f"stem_channels must be a positive integer (the stem's channels at "
+         f"width 1), got {stem!r}")
+  _check(stem <= arch.widths[0],
+         f"stem_channels={stem} is wider than stage 1's {arch.widths[0]} "
+         f"channels, which its first unit cannot shrink to; use at most "
+         f"{arch.widths[0]}")
 
 
 def _check_branch(name, opts):
@@ -325,6 +355,16 @@ def _check_branch(name, opts):
 def scaled_channels(channels, width):
   """CHANNELS times the width multiplier, rounded, at least 1."""
   return max(1, int(round(channels * width)))
+
+
+def stem_plan(arch, opts):
+  """The plain convolutions before the residual stages, in order: (name,
+  kernel size, channels, stride) each, ARCH's kernels and strides at the
+  width and stem_channels of OPTS (its `ModelOptions`). Every network
+  builder (`model`, `identity_tf.peers`) builds its stem from this."""
+  return [(f"stem{i + 1}", kernel,
+           scaled_channels(opts.stem_channels, opts.width), stride)
+          for i, (kernel, _, stride) in enumerate(arch.stem)]
 
 
 def unit_plan(arch, opts):

@@ -30,6 +30,7 @@ import math
 
 from identity_tf import architectures
 from identity_tf import errors
+from identity_tf.data import datasets
 
 # Names of the learning-rate schedules (`optimization.learning_rate_schedule`)
 # and of the strategies (`distribute.create_strategy`).
@@ -44,9 +45,10 @@ WEIGHT_DECAY_SCOPES = ("convolutions", "kernels", "all")
 
 # The fields that define the network and its input; a model_dir holds one
 # such network, so resuming with different values is refused.
-MODEL_FIELDS = ("model", "dataset", "width", "units", "init", "head", "norm",
-                "use_bias", "seed", *architectures.BRANCH_FIELDS,
-                "projection_scale", "logit_scale")
+MODEL_FIELDS = ("model", "dataset", "width", "units", "stem_channels",
+                "init", "head", "norm", "use_bias", "seed",
+                *architectures.BRANCH_FIELDS, "projection_scale",
+                "logit_scale", "standardize")
 # Fields of earlier versions' config.json that `from_dict` reads as today's
 # (`architectures.translate_legacy`).
 LEGACY_FIELDS = ("ws_init_scale",)
@@ -89,6 +91,10 @@ class Config:
   units: tuple = _field(None, "Residual units per stage: one integer, or one "
                         "per stage (default: the architecture's, 9 per stage "
                         "in Table 1).")
+  stem_channels: int = _field(
+      None, "Channels of every stem convolution at width 1, times --width "
+      "like every layer (default: the architecture's, 16 in Table 1; 64: "
+      "as wide as stage 1, the layout of Fixup's authors' CIFAR code).")
   init: str = _field(None, f"Initialisation: "
                      f"{_names(architectures.INIT_SCHEMES)} (paper: std "
                      "1/(k^2 c); fixup: C2 = 0 and C1 He-normal x L^-1/2, "
@@ -148,6 +154,13 @@ class Config:
                                   "only (default: all).")
   flip: bool = _field(None, "Random horizontal flips (default: on, except "
                       "for digit and character datasets).")
+  standardize: str = _field(
+      None, f"Input normalisation: {_names(datasets.STANDARDIZATIONS)} "
+      "(per_image: each image to zero mean and unit variance; per_channel: "
+      "(x - mean) / std per RGB channel, for small fixed-size images the "
+      "mean and std of the run's training examples, computed once when the "
+      "run starts and kept in config.json, for larger ones ImageNet's; "
+      "default: the dataset's, per_image for CIFAR-sized images).")
   # The optimiser: SGD with momentum; global (all-replica) batch.
   batch_size: int = _field(128, "Global batch size (all replicas together).")
   train_steps: int = _field(70000, "Total SGD steps (the run stops at this "
@@ -371,11 +384,12 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 # //bin:train's --help: one heading per group of Config fields, in this
 # order (every field but `preset`, each once: tests/reliability_test.py).
 FLAG_GROUPS = (
-    ("the network", ("model", "width", "units", "init", "head", "norm",
-                     "use_bias", "seed", *architectures.BRANCH_FIELDS,
-                     "projection_scale", "logit_scale")),
+    ("the network", ("model", "width", "units", "stem_channels", "init",
+                     "head", "norm", "use_bias", "seed",
+                     *architectures.BRANCH_FIELDS, "projection_scale",
+                     "logit_scale")),
     ("the data", ("dataset", "num_train_examples", "num_eval_examples",
-                  "flip")),
+                  "flip", "standardize")),
     ("the optimiser", ("batch_size", "train_steps", "learning_rate",
                        "lr_schedule", "lr_boundaries", "lr_decay_factor",
                        "lr_decay_epochs", "momentum", "nesterov",
@@ -609,6 +623,33 @@ STUDIES = {
                 ("fixup", "fixup_cifar", (0.05, 0.02)),
                 ("skipinit", "skipinit_bn_recipe", (0.02, 0.01)))
             for rate in rates)),
+    # Does Fixup in its recipe keep its units with its authors' per-channel
+    # normalisation and a stem as wide as stage 1? Their CIFAR code
+    # (cifar_train.py, fixup_resnet_cifar.py) normalises every image per
+    # channel (with constants near CIFAR-10's; here the run's training
+    # images' own mean and std) where fixup_cifar standardises each image,
+    # and its stem is as wide as its first stage where Table 1's is 16
+    # channels before a first stage of 64: each change alone, then both.
+    "fixup_layout": Study(
+        "fixup_layout",
+        "Fixup's recipe with its authors' per-channel normalisation, a stem "
+        "as wide as stage 1, and both.",
+        reference="fixup",
+        arms=(
+            Arm("fixup", "fixup_cifar",
+                description="fixup_cifar as it is: per-image "
+                            "standardisation, Table 1's 16-channel stem"),
+            Arm("fixup_per_channel", "fixup_cifar",
+                (("standardize", "per_channel"),),
+                description="the input normalised per channel with the "
+                            "training images' mean and std"),
+            Arm("fixup_wide_stem", "fixup_cifar", (("stem_channels", 64),),
+                description="a 64-channel stem, as wide as stage 1"),
+            Arm("fixup_authors_input", "fixup_cifar",
+                (("standardize", "per_channel"), ("stem_channels", 64)),
+                description="both: the authors' input normalisation and "
+                            "stem layout"),
+        )),
     # AGC's threshold for NF-ResNet at a batch of 128 (NFNets chose 0.01 at
     # 4096 and say smaller batches tolerate larger thresholds): none is best.
     "nf_agc": Study(
@@ -691,11 +732,13 @@ def validate(config):
                                f"got {value!r}")
   # The network's options have one validator, the architecture table's.
   architectures.complete_options(
-      config.model, width=config.width, units=config.units, init=config.init,
+      config.model, width=config.width, units=config.units,
+      stem_channels=config.stem_channels, init=config.init,
       head=config.head, norm=config.norm, use_bias=config.use_bias,
       seed=config.seed, **branch_options(config),
       projection_scale=config.projection_scale,
       logit_scale=config.logit_scale)
+  one_of("standardize", datasets.STANDARDIZATIONS, optional=True)
   one_of("lr_schedule", SCHEDULES)
   one_of("weight_decay_scope", WEIGHT_DECAY_SCOPES)
   one_of("strategy", STRATEGIES)

@@ -71,13 +71,15 @@ def build_model(name, precision=None, float32_stream=False, **options):
   far smaller than its input is not rounded away in the sum.
 
   Options: classes (int), width (float multiplier of every width), units (int
-  or one int per stage), norm (bool: batch-norm pre-activation units), head
-  (`architectures.HEADS`: the "frozen" random projection, "trainable", or
-  a trained dense classifier drawn at "zero" or "normal"), init ("paper" or "standard",
-  see `layers.ResidualInitializer`), seed (int: all initial weights and the
-  projection), image_size (int), use_bias (bool); the residual branch's
-  residual, branch_gain, weight_standardization, ws_gain, branch_init and
-  branch_init_scale (`architectures`, `layers.ConvResidualUnit`);
+  or one int per stage), stem_channels (int: every stem convolution's
+  channels at width 1; default the architecture's), norm (bool: batch-norm
+  pre-activation units), head (`architectures.HEADS`: the "frozen" random
+  projection, "trainable", or a trained dense classifier drawn at "zero" or
+  "normal"), init ("paper" or "standard", see `layers.ResidualInitializer`),
+  seed (int: all initial weights and the projection), image_size (int),
+  use_bias (bool); the residual branch's residual, branch_gain,
+  weight_standardization, ws_gain, branch_init and branch_init_scale
+  (`architectures`, `layers.ConvResidualUnit`);
   projection_scale ("classes" or "features") and logit_scale (float:
   `layers.RandomProjection`).
   Unset options (or None) take the network's defaults. Raises ValueError
@@ -109,13 +111,14 @@ def _paper_network(arch, opts, inputs, stream, head):
   """Table 1's network (and its batch-norm baseline) on INPUTS."""
   seed, init = opts.seed, opts.init
   x = inputs
-  for i, (kernel, channels, stride) in enumerate(arch.stem):
+  for i, (name, kernel, channels, stride) in enumerate(
+      architectures.stem_plan(arch, opts)):
     x = keras.layers.Conv2D(
-        _scaled(channels, opts.width), kernel, strides=stride,
-        padding="same", use_bias=opts.use_bias,
+        channels, kernel, strides=stride, padding="same",
+        use_bias=opts.use_bias,
         kernel_initializer=layers.ResidualInitializer(
             "paper" if init == "fixup" else init, seed=seed * 1000 + i),
-        name=f"stem{i + 1}")(x)
+        name=name)(x)
   if opts.norm:
     unit_class, unit_options = layers.PreActivationUnit, {}
   else:

@@ -87,7 +87,8 @@ class FlopCountTest(absltest.TestCase):
     self.assertLess(flops["other_flops_estimate"], 0.01 * flops["train_flops"])
 
   def test_shapes_match_the_models_kernels(self):
-    for options in ({}, {"width": 0.25, "units": 2}, {"units": (1, 2, 1)}):
+    for options in ({}, {"width": 0.25, "units": 2}, {"units": (1, 2, 1)},
+                    {"width": 0.125, "units": 1, "stem_channels": 64}):
       model = identity_tf.build_model("cifar10", **options)
       kernels = [tuple(w.shape) for w in model.trainable_weights]
       shapes = tools.conv_shapes("cifar10", **options)

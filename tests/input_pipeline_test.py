@@ -26,12 +26,15 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from identity_tf import configs
 from identity_tf import errors
 from identity_tf.data import datasets
 from identity_tf.data import pipeline as ip
 from identity_tf.data import preprocessing
 from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
+from identity_tf.training import evaluation
+from identity_tf.training import run as run_lib
 import testing
 
 # TFDS 4.9.10's download_and_prepare needs the `importlib_resources` backport,
@@ -219,6 +222,144 @@ class PreprocessingContractTest(absltest.TestCase):
       datasets.Preprocessing.from_dict(without_pad)
     with self.assertRaisesRegex(errors.DataError, "got list"):
       datasets.Preprocessing.from_dict([good.to_dict()])
+
+
+def _numpy_statistics(images):
+  """Each channel's mean and population std over all of IMAGES' pixels,
+  in float64, as NumPy computes them."""
+  images = np.asarray(images, np.float64)
+  return images.mean(axis=(0, 1, 2)), images.std(axis=(0, 1, 2))
+
+
+class PerChannelStatisticsTest(tf.test.TestCase):
+  """--standardize=per_channel on CIFAR-sized images: the training
+  examples' statistics, on `synthetic` and generated arrays (no TFDS)."""
+
+  COUNT = 160
+
+  def _run(self, **overrides):
+    return run_lib.prepare(configs.from_preset(
+        "smoke", standardize="per_channel", num_train_examples=self.COUNT,
+        batch_size=16, **overrides), datasets.synthetic_info(), None)
+
+  def test_the_run_records_numpys_statistics_of_its_training_examples(self):
+    config = self._run().preprocessing
+    self.assertEqual((config.kind, config.standardize),
+                     ("cifar", "per_channel"))
+    train = synthetic.arrays("train")[0][:self.COUNT]
+    mean, std = _numpy_statistics(train)
+    np.testing.assert_allclose(config.mean, mean, rtol=1e-12)
+    np.testing.assert_allclose(config.std, std, rtol=1e-12)
+    # Not the test split's (a few tenths of a level apart here).
+    test_mean, test_std = _numpy_statistics(
+        synthetic.arrays("test")[0][:self.COUNT])
+    self.assertGreater(np.abs(np.array(config.mean) - test_mean).max(), 0.05)
+    self.assertGreater(np.abs(np.array(config.std) - test_std).max(), 0.05)
+    # Random pixels at every level, in blocks of uneven size.
+    pixels = np.random.default_rng(3).integers(
+        0, 256, (2500, 5, 4, 3)).astype(np.uint8)
+    for got, expected in zip(datasets.rgb_statistics(pixels),
+                             _numpy_statistics(pixels)):
+      np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+  def test_the_training_split_comes_out_at_zero_mean_and_unit_std(self):
+    config = self._run().preprocessing
+    # Evaluation preprocessing of the whole training split ...
+    batches = _batches(ip.build_dataset(
+        "synthetic", "train", 64, training=False, num_examples=self.COUNT,
+        preprocessing=config))
+    images = np.concatenate([x for x, _ in batches]).astype(np.float64)
+    self.assertLen(images, self.COUNT)
+    self.assertAllClose(images.mean(axis=(0, 1, 2)), np.zeros(3), atol=1e-5)
+    self.assertAllClose(images.std(axis=(0, 1, 2)), np.ones(3), atol=1e-5)
+    # ... and training's, before its augmentation pads: the same numbers
+    # after the crop and flip (NumPy's division here).
+    raw = tf.constant(synthetic.arrays("train")[0][:4])
+    for i in range(4):
+      seeds = preprocessing.example_seeds(5, i, 0, 2)
+      moved = preprocessing.random_pad_crop_flip(raw[i], config,
+                                                 seeds).numpy()
+      self.assertAllClose(
+          preprocessing.augment_cifar(raw[i], config, seeds).numpy(),
+          (moved - np.array(config.mean)) / np.array(config.std), atol=1e-5)
+
+  def test_grayscale_takes_its_one_channels_statistics_three_times(self):
+    grey = np.random.default_rng(5).integers(0, 200, (40, 28, 28, 1)).astype(
+        np.uint8)
+    mean, std = datasets.rgb_statistics(grey)
+    (one_mean,), (one_std,) = _numpy_statistics(grey)
+    self.assertLen(set(mean), 1)
+    self.assertLen(set(std), 1)
+    np.testing.assert_allclose(mean, [one_mean] * 3, rtol=1e-12)
+    np.testing.assert_allclose(std, [one_std] * 3, rtol=1e-12)
+    # The images, replicated into R, G and B and padded to 32x32 by the
+    # preprocessing, normalised in every channel by those numbers.
+    config = datasets.preprocessing_config(
+        _info("fashion_mnist", (28, 28, 1)), 32, standardize="per_channel",
+        statistics=(mean, std))
+    out = preprocessing.preprocess_for_eval(grey, config).numpy()
+    expected = (np.repeat(np.pad(grey.astype(np.float64),
+                                 [(0, 0), (2, 2), (2, 2), (0, 0)]), 3, axis=3)
+                - one_mean) / one_std
+    self.assertAllClose(out, expected, atol=1e-5)
+    self.assertAllClose(out[:, 2:30, 2:30].mean(axis=(0, 1, 2)),
+                        np.zeros(3), atol=1e-5)
+
+  def test_another_dataset_is_evaluated_with_the_models_statistics(self):
+    # //bin:evaluate --dataset=OTHER: OTHER's images (here 28x28 grey) at
+    # the model's input, normalised with the numbers the model trained on.
+    trained = self._run().preprocessing
+    other = evaluation._other_datasets_preprocessing(  # pylint: disable=protected-access
+        _info("fashion_mnist", (28, 28, 1)), trained)
+    self.assertEqual((other.kind, other.input_size, other.channels,
+                      other.standardize, other.mean, other.std),
+                     ("cifar", (28, 28), 1, "per_channel", trained.mean,
+                      trained.std))
+    plain = evaluation._other_datasets_preprocessing(  # pylint: disable=protected-access
+        _info("fashion_mnist", (28, 28, 1)),
+        datasets.preprocessing_config(datasets.synthetic_info()))
+    self.assertEqual((plain.standardize, plain.mean), ("per_image", None))
+
+  def test_statistics_that_cannot_normalise_are_one_data_error(self):
+    for images, message in (
+        (np.zeros((0, 4, 4, 3), np.uint8), "N > 0"),
+        (np.zeros((2, 4, 4, 2), np.uint8), "1 or 3"),
+        (np.zeros((2, 4, 4, 3), np.float32), "uint8"),
+        (np.full((2, 4, 4, 1), 7, np.uint8), "constant"),
+    ):
+      with self.assertRaisesRegex(errors.DataError, message):
+        datasets.rgb_statistics(images)
+    with self.assertRaisesRegex(errors.DataError, "needs the mean and std"):
+      datasets.preprocessing_config(datasets.synthetic_info(),
+                                    standardize="per_channel")
+
+  def test_larger_images_take_imagenets_or_per_image_standardisation(self):
+    # --standardize on ImageNet-sized images: per_channel is their default,
+    # ImageNet's constants; per_image standardises each crop. Neither reads
+    # any data.
+    imagenet = tfds_data.dataset_info("imagenet2012")
+    for standardize in ("per_channel", "per_image"):
+      config = run_lib.prepare(configs.from_preset(
+          "imagenet_paper", standardize=standardize), imagenet,
+                               None).preprocessing
+      self.assertEqual((config.kind, config.standardize),
+                       ("imagenet", standardize))
+      if standardize == "per_channel":
+        self.assertEqual((config.mean, config.std),
+                         (datasets.IMAGENET_MEAN, datasets.IMAGENET_STD))
+      else:
+        self.assertIsNone(config.mean)
+    # The shorter side is 256 already: the central 224x224, standardised.
+    images = np.random.default_rng(6).integers(0, 256, (2, 256, 300, 3))
+    out = preprocessing.preprocess_for_eval(images.astype(np.uint8),
+                                            config).numpy()
+    self.assertAllClose(out, _numpy_standardized(images[:, 16:240, 38:262]),
+                        atol=1e-4)
+    augmented = preprocessing.augment_imagenet(
+        tf.constant(images[0], tf.uint8), config,
+        tf.constant([[1, 2], [3, 4]])).numpy()
+    self.assertAllClose((augmented.mean(), augmented.std()), (0.0, 1.0),
+                        atol=1e-4)
 
 
 class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
@@ -598,6 +739,21 @@ class InputPipelineTest(testing.SharedRoot, tf.test.TestCase):
     windows = [frame[y:y + 32, x:x + 32] for y in range(9) for x in range(9)]
     self.assertTrue(any(np.array_equal(crop, w) or
                         np.array_equal(crop, w[:, ::-1]) for w in windows))
+
+  def test_per_channel_statistics_of_a_prepared_grayscale_dataset(self):
+    # TFDS's files (Fashion-MNIST's, written by setUpClass) read for the
+    # statistics: its one channel's, three times, of the training split.
+    info = tfds_data.dataset_info("fashion_mnist", self.data_dir)
+    config = run_lib.prepare(configs.from_preset(
+        "smoke", dataset="fashion_mnist", standardize="per_channel",
+        batch_size=8), info, None, self.data_dir).preprocessing
+    (mean,), (std,) = _numpy_statistics(
+        self.raw["fashion_mnist"]["train"][0])
+    self.assertEqual((config.channels, config.input_size), (1, (28, 28)))
+    np.testing.assert_allclose(config.mean, [mean] * 3, rtol=1e-12)
+    np.testing.assert_allclose(config.std, [std] * 3, rtol=1e-12)
+    (test_mean,), _ = _numpy_statistics(self.raw["fashion_mnist"]["test"][0])
+    self.assertNotAlmostEqual(mean, test_mean, places=2)
 
   def test_tfds_mock_data(self):
     # TFDS's mock examples (random images, encoded as the dataset's features

@@ -350,17 +350,24 @@ class NetworkTest(absltest.TestCase):
                      (7, 7, 512))
 
   def test_zero_branches_make_the_network_its_shortcuts(self):
-    model = tiny(units=2)
-    zero_last_convolutions(model)
-    probe = keras.Model(model.input, [model.get_layer("stem1").output,
-                                      model.get_layer("pool").output])
-    images = np.random.default_rng(4).normal(size=(3, 16, 16, 3)).astype("float32")
-    stem, pooled = (np.asarray(t) for t in probe(images))
-    x = stem
-    for (_, width, stride, _) in TABLE_1:
-      x = numpy_shortcut(x, round(width * 0.125), stride)
-    np.testing.assert_allclose(pooled, x.mean(axis=(1, 2)), rtol=1e-5,
-                               atol=1e-6)
+    # Table 1's stem (16 x 0.125 = 2 channels, padded to stage 1's 8) and
+    # one as wide as stage 1 (64 x 0.125 = 8: stage 1's first unit keeps
+    # the shape, its shortcut the identity).
+    for stem_channels, channels in ((None, 2), (64, 8)):
+      with self.subTest(stem_channels=stem_channels):
+        model = tiny(units=2, stem_channels=stem_channels)
+        zero_last_convolutions(model)
+        probe = keras.Model(model.input, [model.get_layer("stem1").output,
+                                          model.get_layer("pool").output])
+        images = np.random.default_rng(4).normal(
+            size=(3, 16, 16, 3)).astype("float32")
+        stem, pooled = (np.asarray(t) for t in probe(images))
+        self.assertEqual(stem.shape[-1], channels)
+        x = stem
+        for (_, width, stride, _) in TABLE_1:
+          x = numpy_shortcut(x, round(width * 0.125), stride)
+        np.testing.assert_allclose(pooled, x.mean(axis=(1, 2)), rtol=1e-5,
+                                   atol=1e-6)
 
   def test_normalisation_only_in_resnet_bn(self):
     for name in ("cifar10", "cifar100", "imagenet"):
@@ -441,10 +448,49 @@ class NetworkTest(absltest.TestCase):
         (dict(name="cifar10", classes=1), "classes must be an integer >= 2"),
         (dict(name="cifar10", projection_scale="d"),
          "valid: classes, features"),
+        (dict(name="cifar10", stem_channels=0),
+         "^stem_channels must be a positive integer .*, got 0$"),
+        (dict(name="fixup", stem_channels=2.5),
+         "^stem_channels must be a positive integer .*, got 2.5$"),
+        (dict(name="cifar10", stem_channels=True),
+         "^stem_channels must be a positive integer .*, got True$"),
+        (dict(name="cifar10", stem_channels="64"),
+         "^stem_channels must be a positive integer .*, got '64'$"),
+        (dict(name="nf_resnet", stem_channels=65),
+         "^stem_channels=65 is wider than stage 1's 64 channels, .*; use at "
+         "most 64$"),
     ]
     for kwargs, message in cases:
       with self.assertRaisesRegex(ValueError, message):
         identity_tf.build_model(**kwargs)
+
+
+class StemChannelsTest(absltest.TestCase):
+  """`stem_channels`: every builder's stem at that many channels times the
+  width, and the units after it taking whatever the stem gives them."""
+
+  def test_every_builder_scales_the_stem_and_feeds_stage_1(self):
+    images = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(
+        "float32")
+    for name in ("cifar10", "resnet_bn", "fixup", "skipinit", "nf_resnet"):
+      # Table 1's (16 x 0.125), narrower than stage 1 (24 x 0.125 = 3) and
+      # as wide as it (64 x 0.125 = 8, the Fixup authors' layout).
+      for stem_channels, channels in ((None, 2), (24, 3), (64, 8)):
+        with self.subTest(name, stem_channels=stem_channels):
+          model = tiny(name, stem_channels=stem_channels)
+          self.assertEqual(model.build_options["stem_channels"],
+                           stem_channels or 16)
+          self.assertEqual(model.get_layer("stem1").kernel.shape,
+                           (3, 3, 3, channels))
+          first = model.get_layer("stage1_unit1")
+          self.assertEqual((first.input.shape[-1], first.output.shape[-1]),
+                           (channels, 8))
+          self.assertEqual(model(images).shape, (2, 10))
+    # The ImageNet network's two stem convolutions alike (32 / 16 = 2).
+    model = identity_tf.build_model("imagenet", width=1 / 16, units=1,
+                                    image_size=32, stem_channels=32)
+    for layer in ("stem1", "stem2"):
+      self.assertEqual(model.get_layer(layer).kernel.shape[-1], 2, layer)
 
 
 class ModelOptionsTest(absltest.TestCase):
@@ -466,8 +512,8 @@ class ModelOptionsTest(absltest.TestCase):
         "branch_init_scale": 1.0, "classes": 10, "head": "frozen",
         "image_size": 32, "init": "paper", "logit_scale": 1.0, "norm": False,
         "projection_scale": "classes", "residual": "plain", "seed": 0,
-        "units": [9, 9, 9], "use_bias": False, "weight_standardization": False,
-        "width": 1.0, "ws_gain": "trained"})
+        "stem_channels": 16, "units": [9, 9, 9], "use_bias": False,
+        "weight_standardization": False, "width": 1.0, "ws_gain": "trained"})
 
   def test_the_combined_residual_names_of_earlier_versions_read_as_today(self):
     # Each earlier `residual` value (with its ws_init_scale) -> the options
@@ -504,8 +550,12 @@ class ModelOptionsTest(absltest.TestCase):
     options = architectures.ModelOptions.from_dict(stored["name"],
                                                    stored["options"])
     self.assertNotIn("logit_scale", stored["options"])  # Added since.
-    self.assertEqual((options.units, options.width, options.logit_scale),
-                     ((1, 1, 1), 0.125, 1.0))
+    self.assertNotIn("stem_channels", stored["options"])
+    self.assertEqual((options.units, options.width, options.logit_scale,
+                      options.stem_channels), ((1, 1, 1), 0.125, 1.0, 16))
+    # Built from those options, the stem is Table 1's: 16 x 0.125 channels.
+    network = identity_tf.build_model(stored["name"], **options.to_dict())
+    self.assertEqual(network.get_layer("stem1").kernel.shape, (3, 3, 3, 2))
     with self.assertRaisesRegex(errors.ConfigError, "unknown option"):
       architectures.ModelOptions.from_dict("cifar10", {"depth": 3})
     with self.assertRaisesRegex(errors.ConfigError, "must be a dict"):
@@ -530,7 +580,9 @@ class SummaryBinaryTest(absltest.TestCase):
   def test_summary_shows_the_stabilisers(self):
     result = testing.run_binary("summary", "--model=cifar10", "--units=1",
                                 "--width=0.125", "--branch_gain=zero",
-                                "--projection_scale=features", check=True)
+                                "--projection_scale=features",
+                                "--stem_channels=64", check=True)
+    self.assertRegex(result.stdout, r"stem1 +Conv2D +32x32x8 ")
     self.assertRegex(result.stdout,
                      r"stage1_unit1 +ConvResidualUnit .*branch_gain=zero")
     self.assertRegex(result.stdout,

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import re
+from unittest import mock
 
 from absl.testing import absltest
 import keras
@@ -22,6 +23,8 @@ from identity_tf import configs
 from identity_tf import layers
 from identity_tf import model as model_lib
 from identity_tf.peers import fixup
+from identity_tf.data import datasets
+from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
 from identity_tf.peers import nf_resnet
 from identity_tf.peers import skipinit
@@ -61,17 +64,30 @@ def _pool_pad_shortcut(x, filters, strides):
 class FixupTest(absltest.TestCase):
 
   def test_each_unit_starts_as_its_shortcut_and_the_logits_at_zero(self):
-    model = model_lib.build_model("fixup", **TINY)
-    # After the stem's ReLU every unit sees non-negative input, on which
-    # ReLU(x + 0) is x: the unit is exactly its shortcut.
-    for unit in _units(model):
-      x = _images(4, channels=unit.input.shape[-1],
-                  size=unit.input.shape[1], non_negative=True)
-      expected = x[:, ::unit.strides, ::unit.strides, :]
-      expected = np.pad(expected, [(0, 0)] * 3 +
-                        [(0, unit.filters - x.shape[-1])])
-      np.testing.assert_array_equal(unit(x).numpy(), expected)
-    np.testing.assert_array_equal(model(_images()).numpy(), 0.0)
+    # Table 1's stem (2 channels at this width, padded to stage 1's 8) and
+    # the authors' layout, a stem as wide as stage 1 (64 x 0.125 = 8),
+    # where stage 1's first unit keeps its shape and adds x itself.
+    for stem_channels, channels in ((None, 2), (64, 8)):
+      with self.subTest(stem_channels=stem_channels):
+        model = model_lib.build_model("fixup", **TINY,
+                                      stem_channels=stem_channels)
+        first = model.get_layer("stage1_unit1")
+        self.assertEqual((first.input.shape[-1], first.filters),
+                         (channels, 8))
+        # C2 = 0 and the scalars at 0 and 1: every unit is ReLU of its
+        # shortcut (subsampled, zero channels appended) on any input,
+        # and exactly the shortcut on the non-negative input the ReLU
+        # before it gives.
+        for unit in _units(model):
+          for non_negative in (True, False):
+            x = _images(4, channels=unit.input.shape[-1],
+                        size=unit.input.shape[1], non_negative=non_negative)
+            expected = x[:, ::unit.strides, ::unit.strides, :]
+            expected = np.maximum(np.pad(
+                expected, [(0, 0)] * 3 + [(0, unit.filters - x.shape[-1])]),
+                                  0)
+            np.testing.assert_array_equal(unit(x).numpy(), expected)
+        np.testing.assert_array_equal(model(_images()).numpy(), 0.0)
 
   def test_initialisation_and_scalars_are_zhang_et_als(self):
     plan_units = 27  # Table 1: L = 3 x 9 branches.
@@ -112,13 +128,16 @@ class FixupTest(absltest.TestCase):
 class SkipInitTest(absltest.TestCase):
 
   def test_each_unit_starts_as_its_shortcut(self):
-    model = model_lib.build_model("skipinit", **TINY)
-    for unit in _units(model):
-      x = _images(4, channels=unit.input.shape[-1], size=unit.input.shape[1])
-      np.testing.assert_allclose(
-          unit(x).numpy(), _pool_pad_shortcut(x, unit.filters, unit.strides),
-          atol=1e-6)
-      self.assertEqual(float(unit.skip_gain.numpy()), 0.0)
+    for stem_channels in (None, 64):  # 64: a stem as wide as stage 1.
+      model = model_lib.build_model("skipinit", **TINY,
+                                    stem_channels=stem_channels)
+      for unit in _units(model):
+        x = _images(4, channels=unit.input.shape[-1],
+                    size=unit.input.shape[1])
+        np.testing.assert_allclose(
+            unit(x).numpy(),
+            _pool_pad_shortcut(x, unit.filters, unit.strides), atol=1e-6)
+        self.assertEqual(float(unit.skip_gain.numpy()), 0.0)
 
   def test_convolutions_are_he_initialised_and_the_classifier_small(self):
     model = model_lib.build_model("skipinit", width=0.5, classes=10)
@@ -150,12 +169,18 @@ class NFResNetTest(absltest.TestCase):
         np.var(np.maximum(z, 0) * nf_resnet.RELU_GAIN), 1.0, delta=0.01)
 
   def test_units_start_as_their_shortcut(self):
-    model = model_lib.build_model("nf_resnet", **TINY)
-    for unit in _units(model):
-      self.assertEqual(float(unit.skip_gain.numpy()), 0.0)
-      if not unit.projects:
-        x = _images(4, channels=unit.filters, size=unit.input.shape[1])
-        np.testing.assert_array_equal(unit(x).numpy(), x)
+    for stem_channels in (None, 64):
+      model = model_lib.build_model("nf_resnet", **TINY,
+                                    stem_channels=stem_channels)
+      # A stem as wide as stage 1 leaves its first unit without a
+      # projection: the identity, as every later unit of a stage.
+      self.assertEqual(model.get_layer("stage1_unit1").projects,
+                       stem_channels is None)
+      for unit in _units(model):
+        self.assertEqual(float(unit.skip_gain.numpy()), 0.0)
+        if not unit.projects:
+          x = _images(4, channels=unit.filters, size=unit.input.shape[1])
+          np.testing.assert_array_equal(unit(x).numpy(), x)
 
   def test_the_stream_grows_by_alpha_squared_as_the_rule_says(self):
     # With the skip gains at 1, Var(h_{i+1}) = Var(h_i) + alpha^2, reset to
@@ -442,7 +467,11 @@ def _one_step(strategy, net, optimizer, config, images, labels):
 class TrainResumeExportTest(absltest.TestCase):
 
   def test_each_preset_trains_resumes_restores_and_exports(self):
-    for preset, options in (("fixup_cifar", {}), ("skipinit_bn_recipe", {}),
+    # The fixup_layout study's fixup_authors_input arm too: its
+    # per-channel statistics must survive the resume and reach the export.
+    authors = {"standardize": "per_channel", "stem_channels": 64}
+    for preset, options in (("fixup_cifar", {}), ("fixup_cifar", authors),
+                            ("skipinit_bn_recipe", {}),
                             ("nf_resnet_cifar", {}), ("cifar10_ws", {}),
                             ("cifar10_ws", {"ws_gain": "frozen"}),
                             ("cifar10_ws_bn", {})):
@@ -461,8 +490,12 @@ class TrainResumeExportTest(absltest.TestCase):
         self.assertTrue(np.isfinite(first["train_loss"]))
         # The whole training set once: its 48 images, not a batch's worth.
         self.assertEqual(first["train_eval"]["examples"], 48)
-        resumed = trainer.train(dataclasses.replace(config, train_steps=6),
-                                model_dir, echo=lines.append)
+        # A resumed run takes config.json's statistics: computing them
+        # again fails the test.
+        with mock.patch.object(datasets, "rgb_statistics",
+                               side_effect=AssertionError("recomputed")):
+          resumed = trainer.train(dataclasses.replace(config, train_steps=6),
+                                  model_dir, echo=lines.append)
         self.assertIn("resumed from", "\n".join(lines))
         self.assertEqual(resumed["step"], 6)
         records = metrics.read(model_dir)
@@ -473,6 +506,15 @@ class TrainResumeExportTest(absltest.TestCase):
         self.assertEqual((step, run.config.model), (6, config.model))
         self.assertEqual(run.config, dataclasses.replace(config,
                                                          train_steps=6))
+        if options is authors:
+          # NumPy's mean and population std of the 48 training images, per
+          # channel, not of the test split.
+          train = synthetic.arrays("train")[0][:48].astype(np.float64)
+          np.testing.assert_allclose(run.preprocessing.mean,
+                                     train.mean(axis=(0, 1, 2)), rtol=1e-12)
+          np.testing.assert_allclose(run.preprocessing.std,
+                                     train.std(axis=(0, 1, 2)), rtol=1e-12)
+          self.assertEqual(model.get_layer("stem1").kernel.shape[-1], 8)
         if preset == "cifar10_ws":
           for unit in _units(model):
             # Six steps moved the branch gains off 0 (each unit's
@@ -486,17 +528,24 @@ class TrainResumeExportTest(absltest.TestCase):
         export_dir = os.path.join(model_dir, "export")
         _, version_dir, info = export.export_run(model_dir, export_dir)
         self.assertEqual(info["model"]["name"], config.model)
+        self.assertEqual(info["preprocessing"], run.preprocessing.to_dict())
         served = tf.saved_model.load(version_dir)
         raw = np.random.default_rng(1).integers(
             0, 256, (2, 32, 32, 3)).astype(np.float32)
         out = served.signatures[contract.DEFAULT_SIGNATURE](
             **{contract.INPUT_KEY: tf.constant(raw)})
         # The restored network on the same pixels, standardised here.
-        logits = model(_standardised(raw, run.preprocessing)).numpy()
-        expected = np.exp(logits - logits.max(axis=1, keepdims=True))
-        expected /= expected.sum(axis=1, keepdims=True)
+        def probabilities(preprocessing):
+          logits = model(_standardised(raw, preprocessing)).numpy()
+          p = np.exp(logits - logits.max(axis=1, keepdims=True))
+          return p / p.sum(axis=1, keepdims=True)
+        expected = probabilities(run.preprocessing)
         np.testing.assert_allclose(out[contract.PROBABILITIES_KEY].numpy(),
                                    expected, rtol=1e-4, atol=1e-6)
+        if options is authors:  # Per-image input would be told apart.
+          self.assertGreater(np.abs(probabilities(dataclasses.replace(
+              run.preprocessing, standardize="per_image", mean=None,
+              std=None)) - expected).max(), 1e-4)
 
 
 def _standardised(raw, preprocessing):

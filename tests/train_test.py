@@ -23,6 +23,8 @@ import tensorflow as tf
 import identity_tf
 from identity_tf import configs
 from identity_tf import model as model_lib
+from identity_tf.data import datasets
+from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
 from identity_tf.training import config_file
@@ -182,6 +184,7 @@ class PresetTest(absltest.TestCase):
                             branch_init_scale=1.5)),
         ("cifar10_paper", dict(norm=True, seed=2)),
         ("cifar10_paper", dict(residual="fixup", units=(1, 2, 3))),
+        ("fixup_cifar", dict(stem_channels=64, standardize="per_channel")),
     )
     for preset, fields in cases:
       with self.subTest(preset=preset, **{k: str(v) for k, v in
@@ -193,7 +196,11 @@ class PresetTest(absltest.TestCase):
         checked = set()
         for field in configs.MODEL_FIELDS:
           value = getattr(config, field)
-          if field in ("model", "dataset") or value is None:
+          if field == "standardize" and value is not None:
+            # The input's, not the network's.
+            self.assertEqual(run.preprocessing.standardize, value)
+            checked.add(field)
+          if field in ("model", "dataset", "standardize") or value is None:
             continue
           if field == "units" and len(value) == 1:
             value = value * 3  # One number for every stage.
@@ -216,6 +223,51 @@ class PresetTest(absltest.TestCase):
         **run_lib.prepare(configs.from_preset(
             "cifar10_paper", dataset="synthetic", width=0.125, units=(1,),
             norm=True), SYNTHETIC, None).model_arguments())))
+    # A stem as wide as stage 1: 64 x 0.125 channels.
+    network = model_lib.build_model(**run_lib.prepare(configs.from_preset(
+        "fixup_cifar", dataset="synthetic", width=0.125, units=(1,),
+        stem_channels=64), SYNTHETIC, None).model_arguments())
+    self.assertEqual(network.get_layer("stem1").kernel.shape[-1], 8)
+
+  def test_per_channel_statistics_reach_config_json_and_are_kept(self):
+    # --standardize=per_channel: the training examples' statistics, in
+    # config.json; a run read back, or resumed in its model_dir, keeps them
+    # without a pass over the data.
+    config = configs.from_preset("smoke", standardize="per_channel",
+                                 num_train_examples=96, batch_size=16)
+    train = synthetic.arrays("train")[0][:96].astype(np.float64)
+    written = run_lib.prepare(config, SYNTHETIC, None)
+    model_dir = self.create_tempdir().full_path
+    config_file.write(model_dir, written.description())
+    with open(config_file.path(model_dir)) as f:
+      stored = json.load(f)["preprocessing"]
+    self.assertEqual(stored["standardize"], "per_channel")
+    np.testing.assert_allclose(stored["mean"], train.mean(axis=(0, 1, 2)),
+                               rtol=1e-12)
+    np.testing.assert_allclose(stored["std"], train.std(axis=(0, 1, 2)),
+                               rtol=1e-12)
+    # Another count of training examples would give other numbers ...
+    other = configs.override(config, num_train_examples=64)
+    self.assertNotEqual(run_lib.prepare(other, SYNTHETIC, None)
+                        .preprocessing.mean, written.preprocessing.mean)
+    # ... but the run in MODEL_DIR keeps its own, read back or resumed.
+    with mock.patch.object(datasets, "rgb_statistics",
+                           side_effect=AssertionError("recomputed")), \
+         mock.patch.object(synthetic, "arrays",
+                           side_effect=AssertionError("data read")):
+      self.assertEqual(run_lib.read(model_dir).preprocessing,
+                       written.preprocessing)
+      for resumed in (config, other):
+        self.assertEqual(
+            run_lib.prepare(resumed, SYNTHETIC, model_dir).preprocessing,
+            written.preprocessing)
+      # Without the option nothing is read either, as before it existed.
+      for standardize in (None, "per_image"):
+        run = run_lib.prepare(configs.override(
+            configs.from_preset("smoke"), standardize=standardize),
+                              SYNTHETIC, None)
+        self.assertEqual(run.preprocessing.standardize, "per_image")
+        self.assertIsNone(run.preprocessing.mean)
 
   def test_tests_readme_names_a_guard_for_every_field(self):
     # tests/README.md's table: one row per field of //bin:train's flag
@@ -276,6 +328,10 @@ class ConfigErrorTest(absltest.TestCase):
         "--lr_boundaries must be increasing": dict(lr_boundaries="50,10"),
         "--lr_boundaries must be comma-separated integers":
             dict(lr_boundaries="a,b"),
+        "--standardize must be one of per_image, per_channel; got 'mean'":
+            dict(standardize="mean"),
+        "stem_channels must be a positive integer (the stem's channels at "
+        "width 1), got -16": dict(stem_channels=-16),
     }
     for message, overrides in cases.items():
       with self.assertRaisesRegex(ValueError, re.escape(message)):

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from identity_tf import architectures
 from identity_tf import machine
 from identity_tf import model as model_lib
 
@@ -122,8 +123,8 @@ def conv_shapes(name="cifar10", **options):
                    "macs": out * out * k * k * channels * c_out})
     size, channels = out, c_out
 
-  for i, (k, c, stride) in enumerate(arch.stem):
-    add(f"stem{i + 1}", k, scaled(c, opts.width), stride)
+  for label, k, c, stride in architectures.stem_plan(arch, opts):
+    add(label, k, c, stride)
   for stage, (width, units, stride) in enumerate(
       zip(arch.widths, opts.units, arch.strides)):
     c = scaled(width, opts.width)

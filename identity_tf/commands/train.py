@@ -74,7 +74,9 @@ def _dry_run(config, model_dir, data_dir, progress, result):
   shows the run, writing nothing: config.json records what runs, not what
   was tried. It contacts no TPU or cluster (only a real run creates its
   strategy), so the batch is checked against one replica only; the dataset
-  need not be prepared yet (its metadata is TFDS's)."""
+  need not be prepared yet (its metadata is TFDS's), unless
+  --standardize=per_channel asks for the statistics of its training images
+  (`run.prepare` reads them, or the model_dir's config.json has them)."""
   run = run_lib.prepare(config, tfds_data.dataset_info(config.dataset,
                                                        data_dir),
                         model_dir, data_dir)

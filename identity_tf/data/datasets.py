@@ -15,7 +15,11 @@ network's input S get the CIFAR treatment ("cifar": zero-padded to S x S,
 random translation by S/8 pixels, flips, per-image standardisation), larger
 or variable-size ones the ImageNet treatment ("imagenet": random-resized
 crops, flips, per-channel normalisation). Grayscale images are replicated
-to RGB.
+to RGB. Either kind takes the other normalisation when asked
+(`preprocessing_config`'s STANDARDIZE): per-channel normalisation of
+fixed-size images uses their training images' statistics
+(`rgb_statistics`), per-image standardisation of larger ones standardises
+each crop.
 """
 
 import dataclasses
@@ -90,7 +94,9 @@ def synthetic_info():
 
 
 _KINDS = ("cifar", "imagenet")
-_STANDARDIZE = ("per_image", "per_channel")
+# How images are normalised (`Preprocessing.standardize`, the --standardize
+# option of a run).
+STANDARDIZATIONS = ("per_image", "per_channel")
 # The fields that only one kind of preprocessing, or only per-channel
 # normalisation, has; None in any other.
 _KIND_FIELDS = {"cifar": ("input_size", "pad"),
@@ -132,7 +138,9 @@ class Preprocessing:
       fraction of the image's area ...
     crop_aspect_ratio_range: ... with its width over height in this range;
       it is resized to S x S.
-    mean, std: "per_channel": the RGB channels' statistics, 0-255 scale.
+    mean, std: "per_channel": the RGB channels' statistics, 0-255 scale:
+      ImageNet's for "imagenet" (`IMAGENET_MEAN`, `IMAGENET_STD`), and for
+      "cifar" those of the run's training images (`rgb_statistics`).
 
   A field that does not apply to the kind or standardisation is None. The
   constructor raises DataError for values that make no preprocessing.
@@ -152,10 +160,10 @@ class Preprocessing:
 
   def __post_init__(self):
     _check_kind(self.kind)
-    if self.standardize not in _STANDARDIZE:
+    if self.standardize not in STANDARDIZATIONS:
       raise errors.DataError(
           f"unknown standardize {self.standardize!r}; valid: "
-          f"{', '.join(_STANDARDIZE)}")
+          f"{', '.join(STANDARDIZATIONS)}")
     if self.channels not in (1, 3):
       raise errors.DataError(f"channels must be 1 or 3, got "
                              f"{self.channels!r}")
@@ -251,23 +259,66 @@ def _typed(name, value):
   return bool(value) if name == "flip" else value
 
 
-def preprocessing_config(info, image_size=None, flip=None):
+def _image_size(info, image_size):
+  """IMAGE_SIZE as an integer; None: the images' own size for fixed-size
+  datasets, 224 for variable-size ones."""
+  height, width, _ = info.image_shape
+  if image_size is None:
+    fixed = height is not None and width is not None
+    image_size = max(height, width) if fixed else 224
+  return int(image_size)
+
+
+def preprocessing_kind(info, image_size=None):
+  """"cifar" or "imagenet": which treatment dataset INFO's images get for a
+  network of input IMAGE_SIZE (the module docstring; `preprocessing_config`
+  builds it). Reads no data."""
+  height, width, _ = info.image_shape
+  fixed = height is not None and width is not None
+  return ("cifar" if fixed and max(height, width) <= _image_size(
+      info, image_size) else "imagenet")
+
+
+def preprocessing_config(info, image_size=None, flip=None, standardize=None,
+                         statistics=None):
   """The `Preprocessing` of dataset INFO for a network of input IMAGE_SIZE.
 
   IMAGE_SIZE None means the images' own size for fixed-size datasets and
   224 for variable-size ones. FLIP None means on, except for the digit and
-  character datasets of `NO_FLIP`.
+  character datasets of `NO_FLIP`. STANDARDIZE (`STANDARDIZATIONS`) None
+  means the kind's: per_image for "cifar", per_channel for "imagenet".
+  STATISTICS: (mean, std), the RGB channels' on the 0-255 scale, for
+  per_channel; "cifar" needs them (the run's training images', which
+  `run.prepare` computes with `rgb_statistics`), "imagenet" takes
+  ImageNet's without them.
 
   Raises DataError if the images are less than half the input size (a
-  frame of zeros around a small image; use a network with a smaller input).
+  frame of zeros around a small image; use a network with a smaller input),
+  or for per_channel "cifar" preprocessing without STATISTICS.
   """
   height, width, depth = info.image_shape
-  fixed = height is not None and width is not None
-  if image_size is None:
-    image_size = max(height, width) if fixed else 224
-  image_size = int(image_size)
+  kind = preprocessing_kind(info, image_size)
+  image_size = _image_size(info, image_size)
   flip = info.name not in NO_FLIP if flip is None else bool(flip)
-  if fixed and max(height, width) <= image_size:
+  standardize = standardize or (
+      "per_image" if kind == "cifar" else "per_channel")
+  if standardize not in STANDARDIZATIONS:
+    raise errors.DataError(
+        f"unknown standardize {standardize!r}; valid: "
+        f"{', '.join(STANDARDIZATIONS)}")
+  if standardize == "per_image":
+    normalisation = {}
+  elif statistics is not None:
+    mean, std = statistics
+    normalisation = {"mean": tuple(mean), "std": tuple(std)}
+  elif kind == "imagenet":
+    normalisation = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+  else:
+    raise errors.DataError(
+        f"per_channel normalisation of {info.name}'s images needs the mean "
+        "and std of its training images (statistics=); run.prepare "
+        "computes them")
+  if kind == "cifar":
     if 2 * max(height, width) < image_size:
       raise errors.DataError(
           f"{info.name}'s {height}x{width} images are less than half the "
@@ -275,13 +326,63 @@ def preprocessing_config(info, image_size=None, flip=None):
           "CIFAR family (32x32 input)")
     return Preprocessing(
         "cifar", image_size, channels=depth, flip=flip,
-        standardize="per_image", input_size=(height, width),
-        pad=max(1, image_size // 8))
+        standardize=standardize, input_size=(height, width),
+        pad=max(1, image_size // 8), **normalisation)
   return Preprocessing(
       "imagenet", image_size, channels=depth, flip=flip,
-      standardize="per_channel", resize=round(image_size * 8 / 7),
+      standardize=standardize, resize=round(image_size * 8 / 7),
       crop_area_range=(0.08, 1.0), crop_aspect_ratio_range=(3 / 4, 4 / 3),
-      mean=IMAGENET_MEAN, std=IMAGENET_STD)
+      **normalisation)
+
+
+# Images per block of `rgb_statistics`: a block's index array (8 bytes a
+# value) stays near 25 MB for CIFAR's 32x32x3.
+_STATISTICS_BLOCK = 1024
+
+
+def rgb_statistics(images):
+  """(mean, std) of IMAGES' RGB channels, each a tuple of 3 floats, 0-255.
+
+  IMAGES: uint8 [N, H, W, C], C = 3, or 1 (grayscale, replicated to RGB in
+  every use: its one channel's statistics three times). The mean and the
+  population standard deviation over all N x H x W pixels of each channel,
+  in float64 from one pass over the images: a histogram of the 256 values
+  per channel, exact in integers, from which both follow. Fixup's authors'
+  CIFAR input is normalised per channel too (Zhang, Dauphin & Ma, 2019,
+  their cifar_train.py), with constants written in their code; these are
+  computed from the images given. DataError for no images, images other
+  than uint8, or a constant channel (a std of 0, which normalising would
+  divide by).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  images = np.asarray(images)
+  if images.ndim != 4 or images.shape[-1] not in (1, 3) or not images.size:
+    raise errors.DataError(
+        f"the statistics need images [N, H, W, 1 or 3], N > 0; got shape "
+        f"{images.shape}")
+  if images.dtype != np.uint8:
+    raise errors.DataError(f"the statistics are of uint8 images (0-255), "
+                           f"got {images.dtype}")
+  channels = images.shape[-1]
+  offsets = np.arange(channels, dtype=np.intp) * 256
+  counts = np.zeros(channels * 256, np.int64)
+  for start in range(0, len(images), _STATISTICS_BLOCK):
+    block = images[start:start + _STATISTICS_BLOCK].reshape(-1, channels)
+    counts += np.bincount((block.astype(np.intp) + offsets).ravel(),
+                          minlength=channels * 256)
+  counts = counts.reshape(channels, 256).astype(np.float64)
+  values = np.arange(256, dtype=np.float64)
+  pixels = counts.sum(axis=1)
+  mean = counts @ values / pixels
+  std = np.sqrt((counts * (values - mean[:, None]) ** 2).sum(axis=1)
+                / pixels)
+  if not np.all(std > 0):
+    raise errors.DataError(
+        "a channel of the training images is constant (std 0): per_channel "
+        "normalisation would divide by zero; use per_image")
+  replicate = 3 if channels == 1 else 1
+  return (tuple(float(m) for m in mean) * replicate,
+          tuple(float(s) for s in std) * replicate)
 
 
 def check_fits(preprocessing, info):

@@ -114,7 +114,8 @@ def augment_cifar(image, preprocessing, seeds):
   """Training augmentation of one raw CIFAR-sized image (uint8 or float32).
 
   `random_pad_crop_flip`, then the standardisation of `preprocessing`
-  (per-image for CIFAR): the 2016 resnet's CIFAR training input.
+  (per-image for CIFAR unless a run asks for per-channel statistics): the
+  2016 resnet's CIFAR training input.
   """
   return _standardize(random_pad_crop_flip(image, preprocessing, seeds),
                       preprocessing)

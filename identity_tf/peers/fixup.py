@@ -106,16 +106,17 @@ def build(arch, opts, inputs, head):
   HEAD(features) (`model.build_model`'s final layer)."""
   seed = opts.seed * 1000
   x = inputs
-  for i, (kernel, channels, stride) in enumerate(arch.stem):
+  for i, (name, kernel, channels, stride) in enumerate(
+      architectures.stem_plan(arch, opts)):
     # PyTorch's default, which the authors' code keeps for the stem:
     # U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
     x = keras.layers.Conv2D(
-        architectures.scaled_channels(channels, opts.width), kernel,
-        strides=stride, padding="same", use_bias=False, name=f"stem{i + 1}",
+        channels, kernel, strides=stride, padding="same", use_bias=False,
+        name=name,
         kernel_initializer=keras.initializers.VarianceScaling(
             1 / 3, mode="fan_in", distribution="uniform", seed=seed + i))(x)
-    x = ScalarBias(name=f"stem{i + 1}_bias")(x)
-    x = keras.layers.ReLU(name=f"stem{i + 1}_relu")(x)
+    x = ScalarBias(name=f"{name}_bias")(x)
+    x = keras.layers.ReLU(name=f"{name}_relu")(x)
   plan = architectures.unit_plan(arch, opts)
   for number, (name, channels, stride, _) in enumerate(plan):
     x = FixupUnit(channels, strides=stride, num_branches=len(plan),

@@ -111,10 +111,11 @@ def build(arch, opts, inputs, head):
   """The NF-ResNet on INPUTS, finished by HEAD (`model.build_model`)."""
   seed = opts.seed * 1000
   x = inputs
-  for i, (kernel, channels, stride) in enumerate(arch.stem):
+  for i, (name, kernel, channels, stride) in enumerate(
+      architectures.stem_plan(arch, opts)):
     x = layers.ScaledWSConv2D(
-        architectures.scaled_channels(channels, opts.width), kernel,
-        strides=stride, padding="same", use_bias=False, name=f"stem{i + 1}",
+        channels, kernel, strides=stride, padding="same", use_bias=False,
+        name=name,
         kernel_initializer=layers.unit_fan_in(seed + i))(x)
   plan = architectures.unit_plan(arch, opts)
   for number, ((name, channels, stride, _), std) in enumerate(

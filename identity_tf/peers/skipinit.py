@@ -53,10 +53,11 @@ def build(arch, opts, inputs, head):
   """SkipInit's network on INPUTS, finished by HEAD (`model.build_model`)."""
   seed = opts.seed * 1000
   x = inputs
-  for i, (kernel, channels, stride) in enumerate(arch.stem):
+  for i, (name, kernel, channels, stride) in enumerate(
+      architectures.stem_plan(arch, opts)):
     x = keras.layers.Conv2D(
-        architectures.scaled_channels(channels, opts.width), kernel,
-        strides=stride, padding="same", use_bias=False, name=f"stem{i + 1}",
+        channels, kernel, strides=stride, padding="same", use_bias=False,
+        name=name,
         kernel_initializer=keras.initializers.HeNormal(seed=seed + i))(x)
   for number, (name, channels, stride, _) in enumerate(
       architectures.unit_plan(arch, opts)):

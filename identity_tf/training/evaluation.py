@@ -84,8 +84,10 @@ def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
 
   DATASET (default: the run's own) may be another dataset with the same
   classes: it is read with its own preprocessing at the model's input
-  size. EMIT receives one dict per evaluation (global_step, dataset, loss,
-  top1, top5, examples), NOTE one line per checkpoint skipped as damaged.
+  size (normalised with the model's per-channel statistics if it was
+  trained with them, `_other_datasets_preprocessing`). EMIT receives one
+  dict per evaluation (global_step, dataset, loss, top1, top5, examples),
+  NOTE one line per checkpoint skipped as damaged.
   WRITE_SUMMARIES records each evaluation in MODEL_DIR (`metrics`). WATCH:
   evaluates every new checkpoint as it appears until training's last step
   is evaluated or none arrives for WATCH_TIMEOUT seconds.
@@ -108,6 +110,21 @@ def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
       break
 
 
+def _other_datasets_preprocessing(info, trained):
+  """The preprocessing of dataset INFO's images for a model trained with
+  preprocessing TRAINED: INFO's own at the model's input size, but with
+  the per-channel mean and std the model was trained with where both are
+  CIFAR-sized (--standardize=per_channel: those numbers are part of the
+  model's input, as its export applies them to any image)."""
+  size = trained.image_size
+  if (trained.kind == "cifar" and trained.standardize == "per_channel" and
+      datasets.preprocessing_kind(info, size) == "cifar"):
+    return datasets.preprocessing_config(
+        info, size, standardize="per_channel",
+        statistics=(trained.mean, trained.std))
+  return datasets.preprocessing_config(info, size)
+
+
 def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
                           write_summaries, emit, note):
   """A function (checkpoint path, already verified) -> its global step,
@@ -128,8 +145,7 @@ def _checkpoint_evaluator(run, dataset, batch_size, num_examples,
       raise errors.DataError(
           f"--dataset={dataset} has {info.num_classes} classes; the model "
           f"was trained for the {classes} of {trained}")
-    preprocessing = datasets.preprocessing_config(
-        info, preprocessing.image_size)
+    preprocessing = _other_datasets_preprocessing(info, preprocessing)
 
   def evaluate_checkpoint(path):
     model, _, step = checkpoints.restore_checkpoint(run.model_dir, path)

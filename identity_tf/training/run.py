@@ -13,7 +13,10 @@ evaluation and export need nothing but the directory.
 command line, from a preset or from the run a model_dir already holds.
 
 Pure Python (no TensorFlow): flags and configurations are checked, and the
-stored configuration of a model_dir is read, before TensorFlow loads.
+stored configuration of a model_dir is read, before TensorFlow loads. The
+one exception is --standardize=per_channel on CIFAR-sized images, whose
+statistics `prepare` computes from the training images (TFDS's, through
+`tfds_data`).
 """
 
 import dataclasses
@@ -61,7 +64,9 @@ class Run:
       config.model for this dataset (`architectures.ModelOptions`: every
       default named, so that config.json rebuilds the same network if
       defaults change).
-    preprocessing: the input preprocessing (`datasets.Preprocessing`).
+    preprocessing: the input preprocessing (`datasets.Preprocessing`;
+      with --standardize=per_channel on CIFAR-sized images, the training
+      images' statistics, `_preprocessing`).
     steps_per_epoch: steps per pass over the training examples; None if
       their count is not known.
     schedule: the learning rate (`Schedule`).
@@ -119,6 +124,12 @@ def prepare(config, dataset, model_dir, data_dir=None, replicas=1):
   cannot know is wrong: a batch that does not split over the replicas, an
   exponential schedule without the epoch's length, images the network
   cannot take.
+
+  Reads no data, but for --standardize=per_channel on CIFAR-sized images
+  (`_preprocessing`): then the statistics of the training images, which
+  MODEL_DIR's config.json holds if it records them, or one pass over the
+  images computes (the dataset must be prepared in DATA_DIR:
+  DatasetNotReadyError otherwise).
   """
   if config.batch_size % replicas:
     raise errors.ConfigError(
@@ -136,11 +147,72 @@ def prepare(config, dataset, model_dir, data_dir=None, replicas=1):
   return Run(config=config, dataset=dataset, model_dir=model_dir,
              data_dir=data_dir,
              model_options=_model_options(config, dataset.num_classes),
-             preprocessing=datasets.preprocessing_config(
-                 dataset, architectures.input_size(config.model),
-                 flip=config.flip),
+             preprocessing=_preprocessing(config, dataset, model_dir,
+                                          data_dir),
              steps_per_epoch=steps,
              schedule=make_schedule(config, steps))
+
+
+def _preprocessing(config, dataset, model_dir, data_dir):
+  """The `datasets.Preprocessing` of CONFIG's network on DATASET.
+
+  --standardize=per_channel on CIFAR-sized images normalises with the
+  mean and std of the run's training images (its first
+  --num_train_examples, if set): those MODEL_DIR's config.json recorded
+  for this dataset and input if it holds a run (resumed, the network keeps
+  the input it was trained on, without a pass over the data), else
+  computed once here (`datasets.rgb_statistics`). Any other choice reads
+  nothing.
+  """
+  size = architectures.input_size(config.model)
+  statistics = None
+  if (config.standardize == "per_channel" and
+      datasets.preprocessing_kind(dataset, size) == "cifar"):
+    statistics = (_recorded_statistics(config, dataset, model_dir, size)
+                  or _training_statistics(config, dataset, data_dir))
+  return datasets.preprocessing_config(
+      dataset, size, flip=config.flip, standardize=config.standardize,
+      statistics=statistics)
+
+
+def _recorded_statistics(config, dataset, model_dir, size):
+  """(mean, std) of the per-channel "cifar" preprocessing MODEL_DIR's
+  config.json records for CONFIG's dataset, images of DATASET's shape and
+  input SIZE; None if it holds none (or cannot be read: then
+  `config_file.check_resumable` says why, as without the option)."""
+  if model_dir is None:
+    return None
+  try:
+    if not config_file.exists(model_dir):
+      return None
+    description = config_file.read(model_dir)
+    stored = configs.from_dict(description["config"])
+    recorded = datasets.Preprocessing.from_dict(description["preprocessing"])
+  except (errors.IdentityTfError, ValueError, TypeError, KeyError,
+          AttributeError):
+    return None
+  height, width, channels = dataset.image_shape
+  if (stored.dataset != config.dataset or recorded.kind != "cifar" or
+      recorded.standardize != "per_channel" or recorded.image_size != size
+      or recorded.input_shape != [height, width, channels]):
+    return None
+  return recorded.mean, recorded.std
+
+
+def _training_statistics(config, dataset, data_dir):
+  """`datasets.rgb_statistics` of CONFIG's training images: the first
+  --num_train_examples (all if unset) of DATASET's training split."""
+  # pylint: disable=g-import-not-at-top
+  if config.dataset == datasets.SYNTHETIC:  # NumPy's: no TensorFlow.
+    from identity_tf.data import synthetic
+    images = synthetic.arrays(dataset.train_split)[0][
+        :config.num_train_examples]
+  else:  # Reading a TFDS split takes TensorFlow: imported only here.
+    from identity_tf.data import tfds_data
+    images, _, _ = tfds_data.load_arrays(config.dataset, dataset.train_split,
+                                         data_dir, config.num_train_examples)
+  # pylint: enable=g-import-not-at-top
+  return datasets.rgb_statistics(images)
 
 
 def steps_per_epoch(config, num_train_examples):
@@ -192,7 +264,8 @@ def _model_options(config, num_classes):
   """The complete `architectures.ModelOptions` of CONFIG's network."""
   _, options = architectures.complete_options(
       config.model, classes=num_classes, width=config.width,
-      units=config.units, norm=config.norm, head=config.head,
+      units=config.units, stem_channels=config.stem_channels,
+      norm=config.norm, head=config.head,
       init=config.init, seed=config.seed,
       image_size=architectures.input_size(config.model),
       use_bias=config.use_bias, **configs.branch_options(config),
