@@ -1,7 +1,13 @@
 """Mistakes a user makes, and what is on disk after them: non-finite float
 flags, a truncated dataset file, refusals before training starts, damaged
 checkpoints and input positions, config.json's history, dry runs and
-commands that train nothing."""
+commands that train nothing.
+
+Where a mistake comes in several variants, each binary runs once for one of
+them and the others go through the call its main() makes, in this process
+(`testing.library_line`, `testing.train_in_process`); the many flags
+refused as they are parsed, by one interpreter per binary
+(`testing.flag_checks`)."""
 
 import fcntl
 import gzip
@@ -63,18 +69,24 @@ class FiniteFlagsTest(absltest.TestCase):
     checked = []
     for binary in binaries:
       names = _float_flags(binary)
-      for name in names:
-        for value in ("inf", "nan", "-inf"):
-          result = testing.run_binary(binary, *REQUIRED[binary],
-                                      f"--{name}={value}")
-          self.assertEqual(result.returncode, 1, (binary, name, value))
-          # Ours, or absl's own validator's when the flag has one that NaN
-          # fails first ("FATAL Flags parsing error: ... --width must be
-          # positive"): either way one refusal naming the flag.
-          self.assertRegex(result.stderr,
-                           rf"(^|\n)(error|FATAL Flags parsing error): .*"
-                           rf"--{name}\b", (binary, name, value))
-        checked.append(f"{binary} --{name}")
+      cases = [(name, value) for name in names
+               for value in ("inf", "nan", "-inf")]
+      runs = [[*REQUIRED[binary], f"--{name}={value}"]
+              for name, value in cases]
+      # The binary itself for the first, as a user runs it; the others (all
+      # refused as the flags are parsed, before main() does anything) by
+      # one interpreter calling the binary's entry point for each.
+      results = ([testing.run_binary(binary, *runs[0])] +
+                 testing.flag_checks(binary, runs[1:]) if runs else [])
+      for (name, value), result in zip(cases, results, strict=True):
+        self.assertEqual(result.returncode, 1, (binary, name, value))
+        # Ours, or absl's own validator's when the flag has one that NaN
+        # fails first ("FATAL Flags parsing error: ... --width must be
+        # positive"): either way one refusal naming the flag.
+        self.assertRegex(result.stderr,
+                         rf"(^|\n)(error|FATAL Flags parsing error): .*"
+                         rf"--{name}\b", (binary, name, value))
+      checked += [f"{binary} --{name}" for name in names]
     # The parse found the float flags (e.g. train's Config fields).
     self.assertIn("train --learning_rate", checked)
     self.assertIn("train --weight_decay", checked)
@@ -92,15 +104,31 @@ class FiniteFlagsTest(absltest.TestCase):
                             "--samples=8", "--steps=1"]}
     flag_of = {"linear_theory": "taus", "conjecture": "init_norms"}
     for binary, flag in flag_of.items():
+      # conjecture loads TensorFlow before it reads its lists: its second
+      # value through what its main() calls, in this process.
+      values = ("nan",) if binary == "conjecture" else ("nan", "0.1,inf")
       results = testing.run_binaries(
           binary, {value: [*small[binary], f"--{flag}={value}"]
-                   for value in ("nan", "0.1,inf")}, workers=2)
+                   for value in values}, workers=2)
       for value, result in results.items():
         what = (binary, value, result.stderr[-1000:])
         self.assertEqual(result.returncode, 1, what)
         self.assertRegex(testing.last_stderr_line(result),
                          rf"^error: --{flag} ", what)
         self.assertNotIn("Traceback", result.stderr, what)
+    from identity_tf.theory import conjecture  # pylint: disable=g-import-not-at-top
+    printed = []
+    # bin/conjecture.py's settings: its flags' values (lists as absl's list
+    # flags give them), None where unset.
+    settings = {"depths": ["2"], "widths": ["2"], "hidden": None,
+                "init_norms": ["0.1", "inf"], "seeds": 1, "samples": 8,
+                "steps": 1, "learning_rate": None, "teacher_norm": None,
+                "tolerance": None, "stall_gradient": None}
+    self.assertRegex(
+        testing.library_line(self, conjecture.probe_command, settings,
+                             log=printed.append, emit=printed.append),
+        r"^error: --init_norms ")
+    self.assertEqual(printed, [])
 
 
 def _helpfull_flags(binary):
@@ -475,9 +503,6 @@ class OneRightLineTest(testing.SharedRootTestCase):
         (["linear_theory", "factorize", f"--R={singular}", "--layers=3",
           f"--output={root}/a.npz"],
          rf"^error: --R={singular}: R is singular.*; give a full-rank R"),
-        (["linear_theory", "factorize", f"--R={text}", "--layers=3",
-          f"--output={root}/a.npz"],
-         rf"^error: --R={text} is not a \.npy file .*numpy\.save"),
         (["construct", f"--data={text}", f"--output_dir={root}/c"],
          rf"^error: --data={text} is not an \.npz archive .*numpy\.savez"),
         (["construct", "--dataset=synthetic", "--num_examples=10",
@@ -491,8 +516,6 @@ class OneRightLineTest(testing.SharedRootTestCase):
         # NumPy's generator takes 32-bit seeds; said before TensorFlow loads.
         (["train", "--seed=-1", f"--model_dir={root}/s"],
          r"^error: --seed=-1: must be between 0 and 2\*\*32 - 1$"),
-        (["train", f"--seed={2**32}", f"--model_dir={root}/s"],
-         rf"^error: --seed={2**32}: must be between 0 and 2\*\*32 - 1$"),
         (["evaluate", f"--model_dir={empty}"], no_run),
         (["export", f"--model_dir={empty}", f"--export_dir={root}/e"], no_run),
         (["sharpness", f"--model_dir={empty}"], no_run),
@@ -510,6 +533,25 @@ class OneRightLineTest(testing.SharedRootTestCase):
         self.assertEqual(testing.own_stderr_lines(result), [line], args)
         if any(arg.startswith("--seed=") for arg in args):
           self.assertEqual(result.stderr.strip(), line)  # Not even TF's log.
+    # linear_theory's other mistake through what its main() calls, in this
+    # process (TensorFlow loads before it reads --R): the flags it was given,
+    # None for the others.
+    from identity_tf.commands import linear_theory  # pylint: disable=g-import-not-at-top
+    printed = []
+    given = {"R": text, "layers": 3, "output": f"{root}/a.npz"}
+    line = testing.library_line(
+        self, linear_theory.main, ["factorize"],
+        {name: given.get(name) for name in linear_theory.FLAG_NAMES},
+        log=printed.append, emit=printed.append)
+    self.assertRegex(line, rf"^error: --R={text} is not a \.npy file "
+                     r".*numpy\.save")
+    self.assertNotIn("allow_pickle", line)
+    self.assertEqual(printed, [])
+    # train's other seed the same way: the binary refused --seed=-1 above.
+    self.assertRegex(
+        testing.library_line(self, testing.train_config, f"--seed={2**32}",
+                             f"--model_dir={root}/s"),
+        rf"^error: --seed={2**32}: must be between 0 and 2\*\*32 - 1$")
     for name in ("a.npz", "c", "t", "e", "s"):
       self.assertFalse(os.path.exists(os.path.join(root, name)), name)
     self.assertEqual(os.listdir(empty), [])
@@ -532,6 +574,16 @@ def _history(applied):
 
 
 class ConfigHistoryTest(testing.SharedRootTestCase):
+
+  def _copy_of_trained(self, name):
+    """A copy in ROOT/NAME of one smoke run of 20 steps, trained once for
+    every test that asks (as `_train` starts one with --train_steps=20)."""
+    base = os.path.join(self.root, "trained_once")
+    if not os.path.isdir(base):
+      self._train(base, "--train_steps=20")
+    model_dir = os.path.join(self.root, name)
+    shutil.copytree(base, model_dir)
+    return model_dir
 
   def _train(self, model_dir, *flags, check=True):
     """//bin:train in MODEL_DIR: a new smoke run, or (the directory holds
@@ -578,8 +630,7 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
                                  "train_steps": [10, 30]}}])
 
   def test_a_command_that_trains_nothing_changes_nothing(self):
-    model_dir = os.path.join(self.root, "nothing")
-    self._train(model_dir, "--train_steps=20")
+    model_dir = self._copy_of_trained("nothing")
     before = self._config_json(model_dir)
     files = sorted(os.listdir(model_dir))
     result = self._train(model_dir, "--train_steps=10")
@@ -591,21 +642,24 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
     self.assertEqual(sorted(os.listdir(model_dir)), files)
 
   def test_a_dry_run_writes_nothing(self):
-    model_dir = os.path.join(self.root, "dry")
-    self._train(model_dir, "--train_steps=20")
+    model_dir = self._copy_of_trained("dry")
     before = self._config_json(model_dir)
     result = self._train(model_dir, "--dry_run", "--learning_rate=0.5",
                          "--train_steps=160")
     self.assertIn("nothing was written", result.stdout)
     self.assertIn('"learning_rate": 0.5', result.stderr)
     self.assertEqual(self._config_json(model_dir), before)
+    # A new run's dry run, as the binary runs it once its flags are checked
+    # (in this process; the binary's part is the dry run above).
     new_dir = os.path.join(self.root, "dry_new")
-    self._train(new_dir, "--dry_run")
+    status, stderr, stdout = testing.train_in_process(
+        f"--model_dir={new_dir}", *SMOKE, "--dry_run")
+    self.assertEqual(status, 0, stderr[-2000:])
+    self.assertIn("nothing was written", stdout)
     self.assertFalse(os.path.exists(new_dir))
 
   def test_a_refusal_is_one_line_without_the_configuration(self):
-    model_dir = os.path.join(self.root, "refused")
-    self._train(model_dir, "--train_steps=10")
+    model_dir = self._copy_of_trained("refused")
     before = self._config_json(model_dir)
     result = self._train(model_dir, "--width=0.125", check=False)
     self.assertEqual(result.returncode, 1)
@@ -615,19 +669,19 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
     self.assertEqual(self._config_json(model_dir), before)
 
   def test_an_infinite_value_stored_before_is_named_and_can_be_fixed(self):
-    model_dir = os.path.join(self.root, "stored_inf")
-    self._train(model_dir, "--train_steps=10")
+    model_dir = self._copy_of_trained("stored_inf")
     path = os.path.join(model_dir, "config.json")
     text = self._config_json(model_dir)
     with open(path, "w") as f:  # As the code before this fix could write.
       f.write(re.sub(r'"weight_decay": [^,\n]+', '"weight_decay": Infinity',
                      text))
-    result = self._train(model_dir, "--train_steps=20", check=False)
+    result = self._train(model_dir, "--train_steps=30", check=False)
     self.assertEqual(testing.last_stderr_line(result),
                      f"error: {path} holds an invalid weight_decay: "
                      "weight_decay must be a finite number, got inf; pass "
                      "--weight_decay to replace it")
-    self._train(model_dir, "--train_steps=20", "--weight_decay=1e-4")
+    # (The shared run has 20 steps: 30, to train again.)
+    self._train(model_dir, "--train_steps=30", "--weight_decay=1e-4")
     stored = json.loads(self._config_json(model_dir))
     self.assertEqual(stored["config"]["weight_decay"], 1e-4)
 
@@ -846,15 +900,23 @@ class IntegerBoundsTest(testing.SharedRootTestCase):
                    f"--output_dir={self.root}/study"], "seeds"),
         ("summary", [f"--units=1,{huge}"], "units"),
     ]
-    for binary, args, flag in cases:
+    for number, (binary, args, flag) in enumerate(cases):
       with self.subTest(binary=binary, flag=flag):
-        result = testing.run_binary(binary, *args)
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-        self.assertNotIn("Traceback", result.stderr)
-        line = testing.last_stderr_line(result)
+        if binary == "train" and number > 0:
+          # train's settings are checked as it resolves its configuration
+          # (once TensorFlow is loaded): the first by the binary, the others
+          # through the same code in this process.
+          status, stderr, stdout = testing.train_in_process(*args)
+        else:
+          result = testing.run_binary(binary, *args)
+          status, stderr, stdout = (result.returncode, result.stderr,
+                                    result.stdout)
+          self.assertNotIn("Traceback", stderr)
+        self.assertEqual(status, 1, stderr[-2000:])
+        line = [line for line in stderr.splitlines() if line.strip()][-1]
         self.assertRegex(line, rf"^error: --{flag}=\S*\d{{10,}} is beyond "
                          r"\d+")
-        self.assertEqual(result.stdout, "")
+        self.assertEqual(stdout, "")
         self.assertEqual(sorted(os.listdir(self.root)), [])
 
 

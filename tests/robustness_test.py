@@ -2,7 +2,14 @@
 mistake a user (or an attacker) makes as a user would, with the binaries,
 and checks the exit status, the one line a person sees and the files before
 and after: a stray TF_CONFIG, a checkpoint of another network, stored
-settings a command changes, hostile archives, arrays and servers."""
+settings a command changes, hostile archives, arrays and servers.
+
+Where a mistake comes in several variants, each binary runs once, for one
+of them (its line, exit status 1, no traceback, nothing on stdout), and the
+other variants go through the library call that binary's main() makes, in
+this process (`testing.library_line`, `testing.train_in_process`): the
+same line, the same files before and after, without a TensorFlow import
+per variant."""
 
 import fcntl
 import glob
@@ -20,8 +27,10 @@ import socket
 import struct
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
+from unittest import mock
 import zipfile
 import zlib
 
@@ -62,6 +71,24 @@ class _Zeros(io.RawIOBase):
     buffer[:n] = bytes(n)
     self.left -= n
     return n
+
+
+# {flags: a run trained with TINY, --train_steps=10 and those flags}, each
+# trained once in this process for every test that copies it.
+_TRAINED = {}
+
+
+def _trained_copy(model_dir, *flags):
+  """MODEL_DIR, made a copy of the tiny run of 10 steps trained with FLAGS
+  (TF_CONFIG unset) once in this process (`_TRAINED`)."""
+  if flags not in _TRAINED:
+    trained = os.path.join(tempfile.mkdtemp(
+        dir=absltest.get_default_test_tmpdir()), "run")
+    testing.run_binary("train", *TINY, "--train_steps=10", *flags,
+                       f"--model_dir={trained}", env=_env(), check=True)
+    _TRAINED[flags] = trained
+  shutil.copytree(_TRAINED[flags], model_dir)
+  return model_dir
 
 
 def _checkpoint_steps(directory):
@@ -119,9 +146,8 @@ class TfConfigTest(testing.ProcessTestCase):
       self.assertEqual(_metrics_steps(model_dir), [10, 20, 30, 40])
 
   def test_an_invalid_tf_config_is_named_and_changes_nothing(self):
-    model_dir = os.path.join(self.create_tempdir().full_path, "run")
-    testing.run_binary("train", *TINY, "--train_steps=10",
-                       f"--model_dir={model_dir}", env=_env(), check=True)
+    model_dir = _trained_copy(os.path.join(self.create_tempdir().full_path,
+                                           "run"))
     before = testing.snapshot(model_dir)
     cases = [('{"cluster": {"worker": [', "default",
               "error: TF_CONFIG is not valid JSON ("),
@@ -134,16 +160,27 @@ class TfConfigTest(testing.ProcessTestCase):
               '"worker", "index": "one"}}', "multi_worker_mirrored",
               "error: TF_CONFIG's task \"index\" must be a whole number >= 0,"
               " got 'one';")]
-    for tf_config, strategy, line in cases:
+    # The binary for the last (a cluster strategy, TF_CONFIG read to its
+    # task): its line, exit status 1, nothing else. The others through the
+    # same code in this process (TF_CONFIG is read as training starts,
+    # `distribute.create_strategy`, not at the interpreter's start).
+    for number, (tf_config, strategy, line) in enumerate(cases):
       with self.subTest(tf_config=tf_config, strategy=strategy):
-        result = testing.run_binary(
-            "train", *TINY, "--train_steps=20", f"--strategy={strategy}",
-            f"--model_dir={model_dir}", env=_env(tf_config))
-        self.assertEqual(result.returncode, 1, result.stderr)
-        self.assertStartsWith(testing.last_stderr_line(result), line)
-        self.assertIn("unset it", testing.last_stderr_line(result))
-        self.assertNotIn("Traceback", result.stderr)
-        self.assertEqual(result.stdout, "")
+        flags = [*TINY, "--train_steps=20", f"--strategy={strategy}",
+                 f"--model_dir={model_dir}"]
+        if number == len(cases) - 1:
+          result = testing.run_binary("train", *flags, env=_env(tf_config))
+          status, stderr, stdout = (result.returncode, result.stderr,
+                                    result.stdout)
+          self.assertNotIn("Traceback", stderr)
+        else:
+          with mock.patch.dict(os.environ, {"TF_CONFIG": tf_config}):
+            status, stderr, stdout = testing.train_in_process(*flags)
+        self.assertEqual(status, 1, stderr)
+        last = [line for line in stderr.splitlines() if line.strip()][-1]
+        self.assertStartsWith(last, line)
+        self.assertIn("unset it", last)
+        self.assertEqual(stdout, "")
         self.assertEqual(testing.snapshot(model_dir), before)
 
   def test_a_worker_whose_chief_copy_is_missing_keeps_its_own(self):
@@ -184,9 +221,8 @@ class ForeignCheckpointTest(testing.SharedRootTestCase):
     # a scalar per residual block, width changes every kernel's shape.
     cls.runs = {name: os.path.join(cls.root, name) for name in
                 ("plain", "skipinit", "wide")}
+    _trained_copy(cls.runs["plain"])
     testing.run_binaries("train", {
-        "plain": [*TINY, "--train_steps=10",
-                  f"--model_dir={cls.runs['plain']}"],
         "skipinit": [*TINY, "--train_steps=10", "--branch_gain=zero",
                      f"--model_dir={cls.runs['skipinit']}"],
         "wide": [*TINY[:1], "--width=0.125", *TINY[2:], "--train_steps=10",
@@ -200,7 +236,10 @@ class ForeignCheckpointTest(testing.SharedRootTestCase):
     self.assertEqual(result.returncode, 1, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
     self.assertNotIn("could not be found", result.stderr)  # TF's warnings.
-    line = testing.last_stderr_line(result)
+    self._refusal_line(testing.last_stderr_line(result), run, checkpoint_run,
+                       theirs, ours)
+
+  def _refusal_line(self, line, run, checkpoint_run, theirs, ours):
     checkpoint = os.path.join(self.runs[checkpoint_run], "ckpt-10")
     self.assertStartsWith(
         line, f"error: checkpoint {checkpoint} holds another network than the "
@@ -210,6 +249,8 @@ class ForeignCheckpointTest(testing.SharedRootTestCase):
                   "was restored", line)
 
   def test_evaluate_and_export_refuse_another_network(self):
+    from identity_tf.commands import export  # pylint: disable=g-import-not-at-top
+    from identity_tf.training import evaluation  # pylint: disable=g-import-not-at-top
     cases = [("skipinit", "plain", "branch_gain='none'",
               "branch_gain='zero'", "3 of the network's"),
              ("plain", "skipinit", "branch_gain='zero'", "branch_gain='none'",
@@ -220,24 +261,47 @@ class ForeignCheckpointTest(testing.SharedRootTestCase):
     for run, other, theirs, ours, problem in cases:
       checkpoint = os.path.join(self.runs[other], "ckpt-10")
       export_dir = os.path.join(self.root, f"export-{run}-{other}")
-      results = testing.run_binaries("evaluate", {
-          "evaluate": [f"--model_dir={self.runs[run]}",
-                       f"--checkpoint={checkpoint}"]}, workers=1)
-      results["export"] = testing.run_binary(
-          "export", f"--model_dir={self.runs[run]}",
-          f"--checkpoint={checkpoint}", f"--export_dir={export_dir}")
-      for binary, result in results.items():
-        with self.subTest(binary=binary, run=run, checkpoint=other):
-          self._refused(result, run, other, theirs, ours)
-          self.assertIn(problem, testing.last_stderr_line(result))
-          self.assertEqual(result.stdout, "")
+      if other == "skipinit":
+        # The binaries for a checkpoint with variables the network lacks
+        # (what TensorFlow warns of when one is restored): the line, exit
+        # status 1, nothing else.
+        results = {
+            "evaluate": testing.run_binary(
+                "evaluate", f"--model_dir={self.runs[run]}",
+                f"--checkpoint={checkpoint}"),
+            "export": testing.run_binary(
+                "export", f"--model_dir={self.runs[run]}",
+                f"--checkpoint={checkpoint}", f"--export_dir={export_dir}")}
+        for binary, result in results.items():
+          with self.subTest(binary=binary, run=run, checkpoint=other):
+            self._refused(result, run, other, theirs, ours)
+            self.assertIn(problem, testing.last_stderr_line(result))
+            self.assertEqual(result.stdout, "")
+      else:
+        # The others: what each binary's main() calls, in this process.
+        printed = []
+        lines = {
+            "evaluate": testing.library_line(
+                self, evaluation.evaluate_run, self.runs[run],
+                checkpoint=checkpoint, emit=printed.append,
+                note=printed.append),
+            "export": testing.library_line(
+                self, export.export_command, self.runs[run], export_dir,
+                checkpoint=checkpoint, note=printed.append,
+                result=printed.append)}
+        for binary, line in lines.items():
+          with self.subTest(binary=binary, run=run, checkpoint=other):
+            self._refusal_line(line, run, other, theirs, ours)
+            self.assertIn(problem, line)
+        self.assertEqual(printed, [])
       self.assertEqual(testing.snapshot(export_dir), {})
       self.assertEqual({n: testing.snapshot(d) for n, d in self.runs.items()},
                        before)
     # A checkpoint of its own network still evaluates.
-    own = testing.run_binary("evaluate", f"--model_dir={self.runs['plain']}",
-                             "--write_summaries=false", check=True)
-    self.assertEqual(json.loads(own.stdout)["global_step"], 10)
+    scores, notes = [], []
+    evaluation.evaluate_run(self.runs["plain"], write_summaries=False,
+                            emit=scores.append, note=notes.append)
+    self.assertEqual([s["global_step"] for s in scores], [10])
 
   def test_training_refuses_to_resume_another_network(self):
     # skipinit's checkpoint put in place of plain's own (a copy gone wrong).
@@ -309,33 +373,46 @@ class StoredSettingsTest(testing.SharedRootTestCase):
                             expected)
     self.assertIn(f"changed in {config_path} from step 10:", result.stderr)
     self.assertStartsWith(result.stdout, "done: step 20")
-    # A command that changes nothing says nothing of changes.
-    again = testing.run_binary("train", *TINY, "--train_steps=20",
-                               f"--model_dir={model_dir}", "--dry_run",
-                               check=True)
-    self.assertNotIn("\u2192", again.stderr)
-    self.assertNotIn("would change", again.stderr)
+    # A command that changes nothing says nothing of changes (the dry run
+    # above proved the binary's part: here what it calls, in this process).
+    status, stderr, stdout = testing.train_in_process(
+        *TINY, "--train_steps=20", f"--model_dir={model_dir}", "--dry_run")
+    self.assertEqual(status, 0, stderr)
+    self.assertIn("nothing was written", stdout)
+    self.assertNotIn("\u2192", stderr)
+    self.assertNotIn("would change", stderr)
 
 
 class HostileArchiveTest(testing.SharedRootTestCase):
   """Item 4: an archive that extracts to more than the dataset can hold is
   refused as it is extracted, streamed, and nothing is left behind."""
 
-  def _prepare(self, dataset, source_dir):
+  def _prepare(self, dataset, source_dir, in_process=False):
+    """The line prepare_data refuses SOURCE_DIR's files of DATASET with
+    (IN_PROCESS: the library call its main() makes, in this process), after
+    checking that the refusal leaves its data_dir as it was."""
     data_dir = os.path.join(self.root, f"data-{dataset}")
     os.makedirs(data_dir, exist_ok=True)
     with open(os.path.join(data_dir, "notes.txt"), "w") as f:
       f.write("what the user keeps here\n")
     before = testing.snapshot(data_dir)
-    result = testing.run_binary("prepare_data", f"--dataset={dataset}",
-                                f"--data_dir={data_dir}",
-                                f"--source_dir={source_dir}")
-    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-    self.assertNotIn("Traceback", result.stderr)
-    self.assertNotIn("is ready", result.stdout)
+    if in_process:
+      from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
+      printed = []
+      line = testing.library_line(self, tfds_data.prepare, dataset, data_dir,
+                                  source_dir, echo=printed.append)
+      self.assertNotIn("is ready", "\n".join(printed))
+    else:
+      result = testing.run_binary("prepare_data", f"--dataset={dataset}",
+                                  f"--data_dir={data_dir}",
+                                  f"--source_dir={source_dir}")
+      self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+      self.assertNotIn("Traceback", result.stderr)
+      self.assertNotIn("is ready", result.stdout)
+      line = testing.last_stderr_line(result)
     # The data_dir is as it was: no dataset, no download, no scratch.
     self.assertEqual(testing.snapshot(data_dir), before)
-    return testing.last_stderr_line(result)
+    return line
 
   def test_a_tar_bomb_is_refused_at_a_hundred_times_its_size(self):
     # cifar-10-binary.tar.gz whose first batch is 64 MiB of zeros: a 64 kB
@@ -412,8 +489,9 @@ class HostileArchiveTest(testing.SharedRootTestCase):
     self.assertLess(limit, count)
     path = os.path.join(source, name)
     self.assertLess(100 * os.path.getsize(path), count * 1000)
+    # In this process: the tar bomb's test above runs the binary.
     self.assertEqual(
-        self._prepare("fashion_mnist", source),
+        self._prepare("fashion_mnist", source, in_process=True),
         f"error: {path} extracts to more than {limit} bytes (16 times the "
         f"{registered[name]} bytes TFDS registers for it; its content passes "
         "it): not the dataset's file (a decompression bomb?); replace it "
@@ -513,15 +591,35 @@ class ServeClientLimitsTest(absltest.TestCase):
     # 0.2 s bytes: about 15 of its 75 bytes).
     self.assertLess(server.sent[0], 30)
 
+  def _ask_in_process(self, mode, **options):
+    """`_ask` through what serve_client's main() calls, in this process:
+    the server and the line the binary would print (nothing printed
+    before it)."""
+    from identity_tf.commands import serve_client  # pylint: disable=g-import-not-at-top
+    server = _HostileServer(mode)
+    self.addCleanup(server.close)
+    printed = []
+    line = testing.library_line(self, serve_client.predict_command,
+                                server.address, "m", [self.png],
+                                result=printed.append, **options)
+    server.thread.join(timeout=60)
+    self.assertEqual(printed, [])
+    return server, line
+
   def test_an_answer_beyond_the_cap_is_not_read(self):
     limit = 1 << 20  # The cap for one image: 1 MiB.
     for mode, what in (("huge", "it announces 3000000000"),
                        ("endless", "it kept coming")):
       with self.subTest(mode=mode):
-        server, result, _ = self._ask(mode, "--timeout=60")
-        self.assertEqual(result.returncode, 1, result.stderr)
+        if mode == "huge":  # The binary: its line and exit status.
+          server, result, _ = self._ask(mode, "--timeout=60")
+          self.assertEqual(result.returncode, 1, result.stderr)
+          self.assertEqual(result.stdout, "")
+          line = testing.last_stderr_line(result)
+        else:  # In this process.
+          server, line = self._ask_in_process(mode, timeout=60.0)
         self.assertEqual(
-            testing.last_stderr_line(result),
+            line,
             f"error: {server.address}'s answer is larger than {limit} bytes "
             f"({what}), far more than the probabilities of the images sent; "
             "is --server TF Serving serving an identity_tf export?")
@@ -552,16 +650,26 @@ class AnswersThatAreNotAnswersTest(absltest.TestCase):
                  "(they sum to 1e+30); is the served model an identity_tf "
                  "export?"),
     }
+    from identity_tf.commands import serve_client  # pylint: disable=g-import-not-at-top
     for name, (answer, line) in cases.items():
       with self.subTest(name):
         server = _HostileServer(answer)
         self.addCleanup(server.close)
-        result = testing.run_binary("serve_client",
-                                    f"--server={server.address}",
-                                    "--model_name=m", png)
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-        self.assertEqual(result.stdout, "")
-        self.assertEqual(testing.last_stderr_line(result),
+        if name == "nan":  # The binary: its line, exit status 1.
+          result = testing.run_binary("serve_client",
+                                      f"--server={server.address}",
+                                      "--model_name=m", png)
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertNotIn("Traceback", result.stderr)
+          self.assertEqual(result.stdout, "")
+          printed = testing.last_stderr_line(result)
+        else:  # What its main() calls, in this process.
+          answers = []
+          printed = testing.library_line(
+              self, serve_client.predict_command, server.address, "m", [png],
+              result=answers.append)
+          self.assertEqual(answers, [])
+        self.assertEqual(printed,
                          f"error: {server.address} " + line.format(png=png))
     # A distribution is printed.
     server = _HostileServer(
@@ -607,14 +715,32 @@ class ExportEdgesTest(testing.SharedRootTestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.model_dir = os.path.join(cls.root, "run")
-    testing.run_binary("train", *TINY, "--train_steps=10",
-                       "--eval_at_end=false", f"--model_dir={cls.model_dir}",
-                       check=True)
+    cls.model_dir = _trained_copy(os.path.join(cls.root, "run"),
+                                  "--eval_at_end=false")
 
   def _export(self, export_dir, *flags):
     return testing.run_binary("export", f"--model_dir={self.model_dir}",
                               f"--export_dir={export_dir}", *flags)
+
+  def _export_in_process(self, export_dir, **options):
+    """The lines //bin:export prints on stdout, from what its main() calls
+    (`commands.export.export_command`) in this process."""
+    from identity_tf.commands import export  # pylint: disable=g-import-not-at-top
+    printed = []
+    export.export_command(self.model_dir, export_dir, note=printed.append,
+                          result=printed.append, **options)
+    return printed
+
+  def _export_refusal(self, export_dir, **options):
+    """The line //bin:export prints for the error its main() meets, from
+    the same call in this process (nothing printed before it)."""
+    from identity_tf.commands import export  # pylint: disable=g-import-not-at-top
+    printed = []
+    line = testing.library_line(self, export.export_command, self.model_dir,
+                                export_dir, note=printed.append,
+                                result=printed.append, **options)
+    self.assertEqual(printed, [])
+    return line
 
   def test_an_export_that_cannot_be_written_is_one_line(self):
     blocker = os.path.join(self.root, "a_file")
@@ -633,16 +759,20 @@ class ExportEdgesTest(testing.SharedRootTestCase):
     before = testing.snapshot(self.root)
     for name, (export_dir, reason) in cases.items():
       with self.subTest(name):
-        result = self._export(export_dir)
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-        self.assertNotIn("Traceback", result.stderr)
+        if name == "under a file":  # The binary: line, status, no stdout.
+          result = self._export(export_dir)
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertNotIn("Traceback", result.stderr)
+          self.assertEqual(result.stdout, "")
+          line = testing.last_stderr_line(result)
+        else:  # The others in this process.
+          line = self._export_refusal(export_dir)
         self.assertEqual(
-            testing.last_stderr_line(result),
+            line,
             f"error: cannot write version 1 into --export_dir={export_dir} "
             f"({reason}); free space, fix the directory or its permissions, "
             "or pick another --export_dir; nothing was exported")
-        self.assertEqual(result.stdout, "")
-    self.assertEqual(testing.snapshot(self.root), before)
+        self.assertEqual(testing.snapshot(self.root), before)
 
   def test_version_names_are_what_tf_serving_loads(self):
     export_dir = os.path.join(self.root, "exports")
@@ -650,29 +780,41 @@ class ExportEdgesTest(testing.SharedRootTestCase):
     os.makedirs(os.path.join(export_dir, str(2**63)))  # Beyond int64.
     with open(os.path.join(export_dir, "1"), "w") as f:  # A file, not a dir.
       f.write("notes\n")
-    # The next version is past every name TF Serving reads as a number.
+    # The next version is past every name TF Serving reads as a number:
+    # the binary's export, then the same call in this process.
     for expected in (2, 3):
-      result = self._export(export_dir)
-      self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+      if expected == 2:
+        result = self._export(export_dir)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        printed = result.stdout
+      else:
+        printed = "\n".join(self._export_in_process(export_dir))
       self.assertStartsWith(
-          result.stdout, f"exported step 10 of {self.model_dir} as version "
+          printed, f"exported step 10 of {self.model_dir} as version "
           f"{expected}: {os.path.join(export_dir, str(expected))}")
     self.assertEqual(sorted(os.listdir(export_dir)),
                      sorted(["\u00b2", str(2**63), "1", "2", "3"]))
     with open(os.path.join(export_dir, "1")) as f:
       self.assertEqual(f.read(), "notes\n")
     before = testing.snapshot(export_dir)
-    for flag, line in (
-        ("--version=1", f"error: {os.path.join(export_dir, '1')} is a file, "
+    for version, line in (
+        (1, f"error: {os.path.join(export_dir, '1')} is a file, "
          "not a version directory; remove it, or pass another --version (the "
          "next free is 4)"),
-        (f"--version={2**63}", f"error: --version must be between 1 and "
+        (2**63, f"error: --version must be between 1 and "
          f"{2**63 - 1} (TF Serving reads it as int64), got {2**63}")):
-      with self.subTest(flag):
-        result = self._export(export_dir, flag)
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-        self.assertNotIn("Traceback", result.stderr)
-        self.assertEqual(testing.last_stderr_line(result), line)
+      with self.subTest(version=version):
+        if version == 2**63:
+          # The binary: a flag past int64 reaches the export's own check
+          # (not the binaries' bound on integer flags, cli.py).
+          result = self._export(export_dir, f"--version={version}")
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertNotIn("Traceback", result.stderr)
+          self.assertEqual(result.stdout, "")
+          printed = testing.last_stderr_line(result)
+        else:  # In this process.
+          printed = self._export_refusal(export_dir, version=version)
+        self.assertEqual(printed, line)
         self.assertEqual(testing.snapshot(export_dir), before)
 
 
@@ -810,13 +952,19 @@ class ArrayHeaderTest(testing.SharedRootTestCase):
                    "short or not what it says; save it again with numpy")
     closed = f"127.0.0.1:{testing.free_ports(1)[0]}"
     out = os.path.join(self.root, "out")
+    # serve_client's other file through what its main() calls, in this
+    # process (the binary's part: its launch below, of the huge one).
+    from identity_tf.commands import serve_client  # pylint: disable=g-import-not-at-top
+    printed = []
+    self.assertEqual(
+        testing.library_line(self, serve_client.predict_command, closed, "m",
+                             [short], result=printed.append),
+        f"error: {short} {short_claim}")
+    self.assertEqual(printed, [])
     cases = {
         "serve_client huge": (
             "serve_client", [f"--server={closed}", "--model_name=m", huge],
             f"error: {huge} {huge_claim}"),
-        "serve_client short": (
-            "serve_client", [f"--server={closed}", "--model_name=m", short],
-            f"error: {short} {short_claim}"),
         "linear_theory": (
             "linear_theory", ["factorize", f"--R={huge}", "--layers=2",
                               f"--output={out}.npz"],
@@ -844,10 +992,8 @@ class UnwritableRunTest(testing.SharedRootTestCase):
   says in one line that it was not recorded."""
 
   def test_evaluate_prints_what_it_cannot_record(self):
-    model_dir = os.path.join(self.root, "run")
-    testing.run_binary("train", *TINY, "--train_steps=10",
-                       "--eval_at_end=false", f"--model_dir={model_dir}",
-                       check=True)
+    model_dir = _trained_copy(os.path.join(self.root, "run"),
+                              "--eval_at_end=false")
     # Where metrics.jsonl and eval/ go, a directory and a file: unwritable
     # for any user, root included (for whom permissions are no obstacle).
     os.remove(os.path.join(model_dir, "metrics.jsonl"))
@@ -887,27 +1033,11 @@ class MalformedFilesTest(testing.SharedRootTestCase):
   """Item 9: a config.json or model_info.json of the wrong shape is one line
   naming the file, and nothing changes."""
 
-  def _trained(self, name):
-    """(model_dir, its config.json's path, the description in it) of a run
-    of 10 steps trained in ROOT/NAME."""
-    model_dir = os.path.join(self.root, name)
-    testing.run_binary("train", *TINY, "--train_steps=10",
-                       "--eval_at_end=false", f"--model_dir={model_dir}",
-                       check=True)
-    path = os.path.join(model_dir, "config.json")
-    with open(path) as f:
-      return model_dir, path, json.load(f)
-
   def _copy_of_trained(self, name):
-    """`_trained`'s (model_dir, config.json, description) of a copy in
-    ROOT/NAME of one run trained for every test that asks (with an
-    evaluation at the end, which a study's report reads)."""
-    base = os.path.join(self.root, "trained_once")
-    if not os.path.isdir(base):
-      testing.run_binary("train", *TINY, "--train_steps=10",
-                         f"--model_dir={base}", check=True)
-    model_dir = os.path.join(self.root, name)
-    shutil.copytree(base, model_dir)
+    """(model_dir, its config.json's path, the description in it) of a copy
+    in ROOT/NAME of one run of 10 steps trained for every test that asks
+    (with an evaluation at the end, which a study's report reads)."""
+    model_dir = _trained_copy(os.path.join(self.root, name))
     path = os.path.join(model_dir, "config.json")
     with open(path) as f:
       return model_dir, path, json.load(f)
@@ -920,6 +1050,32 @@ class MalformedFilesTest(testing.SharedRootTestCase):
     self.assertStartsWith(testing.last_stderr_line(result), starts)
     self.assertEqual(testing.snapshot(model_dir), before)
 
+  def _line_in_process(self, binary, model_dir, export_dir=None):
+    """The line BINARY (train, evaluate or export) prints for MODEL_DIR's
+    config.json, from what its main() calls, in this process: train
+    resolves its configuration (`testing.train_config`; --train_steps=20),
+    evaluate `evaluation.evaluate_run`, export
+    `commands.export.export_command` (into EXPORT_DIR); nothing is printed
+    before the line."""
+    # pylint: disable=g-import-not-at-top
+    from identity_tf.commands import export
+    from identity_tf.training import evaluation
+    # pylint: enable=g-import-not-at-top
+    printed = []
+    if binary == "train":
+      line = testing.library_line(self, testing.train_config,
+                                  f"--model_dir={model_dir}",
+                                  "--train_steps=20")
+    elif binary == "evaluate":
+      line = testing.library_line(self, evaluation.evaluate_run, model_dir,
+                                  emit=printed.append, note=printed.append)
+    else:
+      line = testing.library_line(self, export.export_command, model_dir,
+                                  export_dir, note=printed.append,
+                                  result=printed.append)
+    self.assertEqual(printed, [])
+    return line
+
   def test_settings_a_newer_version_wrote_are_never_erased(self):
     # Issue 75, item 2: unknown keys at the top level and in "config".
     model_dir, path, good = self._copy_of_trained("newer")
@@ -930,6 +1086,8 @@ class MalformedFilesTest(testing.SharedRootTestCase):
                                           cutout=16)),
                    ["config.cutout", "config.stochastic_depth"]),
     }
+    starts = (f"error: {path} holds settings this version of identity_tf "
+              "does not know (")
     for name, (description, unknown) in variants.items():
       with open(path, "w") as f:
         json.dump(description, f, indent=2)
@@ -939,10 +1097,14 @@ class MalformedFilesTest(testing.SharedRootTestCase):
         commands.append(("evaluate", [f"--model_dir={model_dir}"]))
       for binary, args in commands:
         with self.subTest(variant=name, binary=binary):
-          result = testing.run_binary(binary, *args)
-          self._refused(result, f"error: {path} holds settings this version "
-                        "of identity_tf does not know (", model_dir, before)
-          line = testing.last_stderr_line(result)
+          if name == "config":  # The binaries: line, status, no traceback.
+            result = testing.run_binary(binary, *args)
+            self._refused(result, starts, model_dir, before)
+            line = testing.last_stderr_line(result)
+          else:  # What train's main() calls, in this process.
+            line = self._line_in_process(binary, model_dir)
+            self.assertStartsWith(line, starts)
+            self.assertEqual(testing.snapshot(model_dir), before)
           for key in unknown:
             self.assertIn(key, line)
           self.assertIn("use a new --model_dir", line)
@@ -981,8 +1143,16 @@ class MalformedFilesTest(testing.SharedRootTestCase):
         commands.append(("evaluate", [f"--model_dir={model_dir}"]))
       for binary, args in commands:
         with self.subTest(variant=name, binary=binary):
-          self._refused(testing.run_binary(binary, *args), f"error: {path} ",
-                        model_dir, before)
+          # The binaries once each (train: nested deepest; evaluate: the
+          # directory); the other variants in this process.
+          if (binary, name) in (("train", "nested 200000 deep"),
+                                ("evaluate", "a directory")):
+            self._refused(testing.run_binary(binary, *args),
+                          f"error: {path} ", model_dir, before)
+          else:
+            self.assertStartsWith(self._line_in_process(binary, model_dir),
+                                  f"error: {path} ")
+            self.assertEqual(testing.snapshot(model_dir), before)
 
   def test_a_report_over_damaged_run_records(self):
     # Issue 75, item 5: the records a training appends past are left out;
@@ -1008,9 +1178,14 @@ class MalformedFilesTest(testing.SharedRootTestCase):
                    [line.encode() + b"\n" for line in bad] +
                    [b"\xff\xfe not UTF-8\n"] +
                    [line.encode() for line in lines[middle:]])
-    result = testing.run_binary("study", "--study=smoke", "--report_only",
-                                f"--output_dir={output_dir}")
-    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    # What //bin:study --study=smoke --report_only calls, with the binary's
+    # defaults, in this process (the binary runs below).
+    from identity_tf.commands import study as study_command  # pylint: disable=g-import-not-at-top
+    printed = []
+    study_command.study_command("smoke", output_dir, dataset="fashion_mnist",
+                                epochs=10.0, report_only=True,
+                                echo=printed.append, result=printed.append)
+    self.assertIn(os.path.join(output_dir, "results.json"), printed)
     with open(os.path.join(output_dir, "results.json")) as f:
       runs = json.load(f)["arms"][0]["runs"]
     self.assertEqual([run["seed"] for run in runs], [0, 1])
@@ -1085,7 +1260,7 @@ class MalformedFilesTest(testing.SharedRootTestCase):
                           [testing.PNG_SIGNATURE + bytes(100)])
 
   def test_a_malformed_config_json_is_named(self):
-    model_dir, path, good = self._trained("run")
+    model_dir, path, good = self._copy_of_trained("run")
     not_a_run = f"error: {path} is not the description of a training run ("
     variants = {
         "config null": (dict(good, config=None),
@@ -1117,17 +1292,22 @@ class MalformedFilesTest(testing.SharedRootTestCase):
                                        "--train_steps=20"])
       for command, (binary, args) in commands.items():
         with self.subTest(variant=name, command=command):
-          result = testing.run_binary(binary, *args)
-          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-          self.assertNotIn("Traceback", result.stderr)
-          self.assertStartsWith(testing.last_stderr_line(result), line)
-          self.assertEqual(result.stdout, "")
+          if name == "config null":
+            # Each binary once: its line, exit status 1, nothing on stdout.
+            result = testing.run_binary(binary, *args)
+            self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+            self.assertNotIn("Traceback", result.stderr)
+            self.assertStartsWith(testing.last_stderr_line(result), line)
+            self.assertEqual(result.stdout, "")
+          else:  # The other variants through the same calls, in process.
+            self.assertStartsWith(self._line_in_process(
+                binary, model_dir, f"{self.root}/e"), line)
           self.assertEqual(testing.snapshot(model_dir), before)
     self.assertFalse(os.path.exists(f"{self.root}/e"))
 
   def test_a_bad_stored_value_names_config_json_not_a_flag(self):
     # Item 10: the user passed no --batch_size; the line names the file.
-    model_dir, path, good = self._trained("stored")
+    model_dir, path, good = self._copy_of_trained("stored")
     cases = {
         # A network's field or the batch cannot change on resume.
         "batch_size": (-5, "use a new --model_dir"),
@@ -1140,14 +1320,20 @@ class MalformedFilesTest(testing.SharedRootTestCase):
       before = testing.snapshot(model_dir)
       for dry in ([], ["--dry_run"]):
         with self.subTest(field=name, dry_run=bool(dry)):
-          result = testing.run_binary("train", f"--model_dir={model_dir}",
-                                      "--train_steps=20", *dry)
-          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          args = [f"--model_dir={model_dir}", "--train_steps=20", *dry]
+          # The binary for one field with --dry_run and the other without;
+          # the other two the same way in this process.
+          if (name == "batch_size") != bool(dry):
+            result = testing.run_binary("train", *args)
+            status, stderr = result.returncode, result.stderr
+          else:
+            status, stderr, _ = testing.train_in_process(*args)
+          self.assertEqual(status, 1, stderr[-2000:])
           self.assertEqual(
-              testing.last_stderr_line(result),
+              [line for line in stderr.splitlines() if line.strip()][-1],
               f"error: {path} holds an invalid {name}: {name} must be "
               f"positive, got {value}; {fix}")
-          self.assertNotIn(f"--{name} must", result.stderr)
+          self.assertNotIn(f"--{name} must", stderr)
           self.assertEqual(testing.snapshot(model_dir), before)
     # The fix it names works: the flag replaces the stored value.
     testing.run_binary("train", f"--model_dir={model_dir}",
@@ -1164,14 +1350,20 @@ class MalformedFilesTest(testing.SharedRootTestCase):
     for dry in (["--dry_run"], []):
       model_dir = os.path.join(self.root, f"huge_batch{len(dry)}")
       with self.subTest(dry_run=bool(dry)):
-        result = testing.run_binary(
-            "train", "--preset=smoke", f"--batch_size={examples + 1}",
-            f"--model_dir={model_dir}", *dry)
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        args = ["--preset=smoke", f"--batch_size={examples + 1}",
+                f"--model_dir={model_dir}", *dry]
+        if dry:  # train_command's dry run, in this process.
+          status, stderr, stdout = testing.train_in_process(*args)
+        else:  # The binary's training.
+          result = testing.run_binary("train", *args)
+          status, stderr, stdout = (result.returncode, result.stderr,
+                                    result.stdout)
+        self.assertEqual(status, 1, stderr[-2000:])
         self.assertEqual(
-            testing.last_stderr_line(result),
+            [line for line in stderr.splitlines() if line.strip()][-1],
             f"error: --batch_size={examples + 1} is more than the "
             f"{examples} training examples of synthetic: lower --batch_size")
+        self.assertNotIn("dry run", stdout)
         self.assertFalse(os.path.exists(os.path.join(model_dir,
                                                      "config.json")))
 
@@ -1186,13 +1378,22 @@ class MalformedFilesTest(testing.SharedRootTestCase):
       with open(info, "w") as f:
         json.dump(content, f)
       with self.subTest(name):
-        result = testing.run_binary(
-            "serve_client", f"--server={closed}", "--model_name=m",
-            f"--model_info={info}", png)
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-        self.assertNotIn("Traceback", result.stderr)
+        if name == "list":  # The binary: its line and exit status.
+          result = testing.run_binary(
+              "serve_client", f"--server={closed}", "--model_name=m",
+              f"--model_info={info}", png)
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertNotIn("Traceback", result.stderr)
+          line = testing.last_stderr_line(result)
+        else:  # What its main() calls, in this process.
+          from identity_tf.commands import serve_client  # pylint: disable=g-import-not-at-top
+          printed = []
+          line = testing.library_line(self, serve_client.predict_command,
+                                      closed, "m", [png], model_info=info,
+                                      result=printed.append)
+          self.assertEqual(printed, [])
         self.assertEqual(
-            testing.last_stderr_line(result),
+            line,
             f"error: --model_info={info} is not an export's model_info.json "
             '(an object whose "classes" has a list of "names"); pass the '
             "model_info.json of the served version, or omit --model_info")
@@ -1431,14 +1632,21 @@ class ReadOnlyDataDirTest(testing.SharedRootTestCase):
       cases["read-only"] = os.path.join(read_only, "inside")
       cases["in a read-only directory"] = os.path.join(read_only, "new")
     before = testing.snapshot(self.root)
+    from identity_tf.data import tfds_data  # pylint: disable=g-import-not-at-top
     for name, data_dir in cases.items():
       with self.subTest(name):
-        result = testing.run_binary("prepare_data", "--dataset=fashion_mnist",
-                                    f"--data_dir={data_dir}",
-                                    f"--source_dir={source}")
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-        self.assertNotIn("Traceback", result.stderr)
-        line = testing.last_stderr_line(result)
+        if name == "under a file":  # The binary: line, exit status.
+          result = testing.run_binary("prepare_data",
+                                      "--dataset=fashion_mnist",
+                                      f"--data_dir={data_dir}",
+                                      f"--source_dir={source}")
+          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+          self.assertNotIn("Traceback", result.stderr)
+          self.assertNotIn("is ready", result.stdout)
+          line = testing.last_stderr_line(result)
+        else:  # What its main() calls, in this process.
+          line = testing.library_line(self, tfds_data.prepare,
+                                      "fashion_mnist", data_dir, source)
         self.assertStartsWith(line, "error: could not prepare fashion_mnist "
                               f"in --data_dir={data_dir}: ")
         self.assertTrue(line.endswith(

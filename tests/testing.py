@@ -1,7 +1,10 @@
 """Shared test helpers: run a binary as a user would; small real datasets."""
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import functools
+import io
 import gzip
 import hashlib
 import importlib.util
@@ -63,6 +66,150 @@ def run_binaries(name, runs, workers, env=None):
     futures = {key: pool.submit(run_binary, name, *args, env=env)
                for key, args in runs.items()}
     return {key: future.result() for key, future in futures.items()}
+
+
+# The interpreter of `flag_checks`: it loads bin/NAME.py (argv[1]) once as a
+# module, then for each command line of the JSON list on stdin calls its
+# entry point, `run()` (cli.run: absl's parse with the binary's validators,
+# then main()), its flags unparsed before each as absl does on a re-run;
+# [exit status, stdout, stderr] of each go to the file argv[2] as JSON.
+_FLAG_CHECKS = """
+import contextlib, importlib.util, io, json, sys
+from absl import flags
+path, out = sys.argv[1], sys.argv[2]
+spec = importlib.util.spec_from_file_location("flag_checks_binary", path)
+binary = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = binary
+spec.loader.exec_module(binary)
+results = []
+for argv in json.load(sys.stdin):
+  flags.FLAGS.unparse_flags()
+  sys.argv = [path, *argv]
+  stdout, stderr = io.StringIO(), io.StringIO()
+  status = 0
+  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+      binary.run()
+    except SystemExit as e:
+      if e.code is None or isinstance(e.code, int):
+        status = e.code or 0
+      else:  # What the interpreter does with SystemExit(MESSAGE).
+        print(e.code, file=sys.stderr)
+        status = 1
+  results.append([status, stdout.getvalue(), stderr.getvalue()])
+with open(out, "w") as f:
+  json.dump(results, f)
+"""
+
+
+def flag_checks(name, runs, timeout=600):
+  """[CompletedProcess] of bin/NAME.py with each of RUNS (lists of args),
+  all run by one interpreter that loads the binary once and calls its
+  entry point once per run (`_FLAG_CHECKS`): for the many command lines a
+  binary refuses as it parses its flags (absl's validators,
+  `cli.check_finite_flags`), before its main() starts TensorFlow. Exit
+  status and output as the binary's own process gives them for a refusal;
+  the test still runs the binary itself once (`run_binary`) to prove that
+  part."""
+  runs = [list(map(str, args)) for args in runs]
+  if not runs:
+    return []
+  with tempfile.TemporaryDirectory() as scratch:
+    out = os.path.join(scratch, "results.json")
+    process = subprocess.run(
+        [sys.executable, "-c", _FLAG_CHECKS,
+         os.path.join(source_root(), "bin", name + ".py"), out],
+        input=json.dumps(runs), capture_output=True, text=True,
+        timeout=timeout, env=binary_env(), check=False)
+    if process.returncode != 0 or not os.path.exists(out):
+      raise AssertionError(f"flag checks of bin/{name}.py exited "
+                           f"{process.returncode}:\n{process.stderr}")
+    with open(out) as f:
+      results = json.load(f)
+  return [subprocess.CompletedProcess([name, *args], status, stdout, stderr)
+          for args, (status, stdout, stderr) in zip(runs, results)]
+
+
+def library_line(test, call, *args, **kwargs):
+  """The line a binary prints for the one-line library error (a ValueError,
+  `errors.IdentityTfError` mostly) that CALL(*ARGS, **KWARGS) raises, as
+  `cli.errors_as_exit` prints it before exit status 1: "error: MESSAGE".
+  For the variants of a mistake checked in this process rather than by a
+  binary each (one launch proves the binary's part: the line, the status,
+  no traceback). TEST (an absltest.TestCase) fails if CALL raises none."""
+  from identity_tf.commands import cli  # pylint: disable=g-import-not-at-top
+  with test.assertRaises(ValueError) as caught:
+    call(*args, **kwargs)
+  return f"error: {cli.message(caught.exception)}"
+
+
+def _train_flags(args):
+  """absl's parse of bin/train.py's flags ARGS: --preset, --model_dir, the
+  binary's own flags and one per field of `configs.Config` (None where
+  unset), each of the type the binary defines it with."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from identity_tf import configs  # pylint: disable=g-import-not-at-top
+  values = flags.FlagValues()
+  for name in ("preset", "model_dir", "data_dir", "tpu"):
+    flags.DEFINE_string(name, None, "", flag_values=values)
+  flags.DEFINE_float("cluster_timeout", 600.0, "", flag_values=values)
+  flags.DEFINE_boolean("dry_run", False, "", flag_values=values)
+  flags.DEFINE_boolean("verbose", False, "", flag_values=values)
+  for field in dataclasses.fields(configs.Config):
+    if field.name != "preset":  # As `cli.define_config_flags` defines them.
+      define = {tuple: flags.DEFINE_list, bool: flags.DEFINE_boolean,
+                int: flags.DEFINE_integer, float: flags.DEFINE_float}.get(
+                    field.type, flags.DEFINE_string)
+      define(field.name, None, "", flag_values=values)
+  values(["train", *map(str, args)])
+  return values
+
+
+def train_config(*args):
+  """(config, model_dir) that bin/train.py's main resolves from its flags
+  ARGS before it trains: `run.choose_config` of --preset, --model_dir and
+  the flags of `configs.Config`'s fields (`cli.config_overrides`), ARGS
+  parsed by absl as the binary's own flags are. Raises the binary's
+  one-line ConfigError where it refuses them (`library_line`)."""
+  from identity_tf import configs  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import run as run_lib  # pylint: disable=g-import-not-at-top
+  values = _train_flags(args)
+  overrides = {field.name: values[field.name].value
+               for field in dataclasses.fields(configs.Config)
+               if field.name != "preset"}
+  return (run_lib.choose_config(values.preset, values.model_dir, overrides),
+          values.model_dir)
+
+
+def train_in_process(*args):
+  """(exit status, stderr, stdout) of bin/train.py with flags ARGS run in
+  this process as its main() runs them once the flags are checked:
+  `train_config` (a refusal made a line by `cli.errors_as_exit`), then
+  `commands.train.train_command` with --model_dir, --data_dir, --tpu,
+  --cluster_timeout, --dry_run and --verbose; its progress lines and the
+  line it exits with (`cli.exit_with`) go to the captured stderr, its
+  result lines to stdout. For the variants of a mistake that differ in
+  what the library does, one binary launch proving the binary's part (the
+  printed line, exit status, no traceback)."""
+  from identity_tf.commands import cli  # pylint: disable=g-import-not-at-top
+  from identity_tf.commands import train  # pylint: disable=g-import-not-at-top
+  values = _train_flags(args)
+  stderr, stdout = io.StringIO(), []
+  status = 0
+  with contextlib.redirect_stderr(stderr):
+    try:
+      with cli.errors_as_exit():
+        config, model_dir = train_config(*args)
+      train.train_command(
+          config, model_dir, data_dir=values.data_dir, tpu=values.tpu,
+          cluster_timeout=values.cluster_timeout, dry_run=values.dry_run,
+          verbose=values.verbose, result=stdout.append)
+    except SystemExit as e:
+      status = e.code
+      if isinstance(status, str):  # What the interpreter makes of it.
+        print(status, file=sys.stderr)
+        status = 1
+  return status, stderr.getvalue(), "".join(line + "\n" for line in stdout)
 
 
 class SharedRoot:
