@@ -693,8 +693,8 @@ def branch_options(config):
   return {name: getattr(config, name) for name in architectures.BRANCH_FIELDS}
 
 
-def validate(config):
-  """ValueError (one line naming the flag and the fix) if CONFIG is bad."""
+def _validate_numbers(config):
+  """ConfigError if a number in CONFIG is not finite or beyond int32."""
   # Infinities pass every bound below (and would be written to config.json
   # as the non-JSON Infinity); NaN fails them with a less useful line.
   for field in dataclasses.fields(config):
@@ -725,6 +725,11 @@ def validate(config):
       raise errors.ConfigError(
           f"--{field.name}={shown} is beyond {largest} (2**31 - 1), the "
           "largest integer a run takes; lower it")
+
+
+def validate(config):
+  """ValueError (one line naming the flag and the fix) if CONFIG is bad."""
+  _validate_numbers(config)
   def one_of(name, valid, optional=False):
     value = getattr(config, name)
     if value not in valid and not (optional and value is None):

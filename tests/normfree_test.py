@@ -525,27 +525,32 @@ class TrainResumeExportTest(absltest.TestCase):
               np.testing.assert_array_equal(gain, 1.0)
             else:
               self.assertFalse(np.all(gain == 1.0))
-        export_dir = os.path.join(model_dir, "export")
-        _, version_dir, info = export.export_run(model_dir, export_dir)
-        self.assertEqual(info["model"]["name"], config.model)
-        self.assertEqual(info["preprocessing"], run.preprocessing.to_dict())
-        served = tf.saved_model.load(version_dir)
-        raw = np.random.default_rng(1).integers(
-            0, 256, (2, 32, 32, 3)).astype(np.float32)
-        out = served.signatures[contract.DEFAULT_SIGNATURE](
-            **{contract.INPUT_KEY: tf.constant(raw)})
-        # The restored network on the same pixels, standardised here.
-        def probabilities(preprocessing):
-          logits = model(_standardised(raw, preprocessing)).numpy()
-          p = np.exp(logits - logits.max(axis=1, keepdims=True))
-          return p / p.sum(axis=1, keepdims=True)
-        expected = probabilities(run.preprocessing)
-        np.testing.assert_allclose(out[contract.PROBABILITIES_KEY].numpy(),
-                                   expected, rtol=1e-4, atol=1e-6)
-        if options is authors:  # Per-image input would be told apart.
-          self.assertGreater(np.abs(probabilities(dataclasses.replace(
-              run.preprocessing, standardize="per_image", mean=None,
-              std=None)) - expected).max(), 1e-4)
+        self._check_export(model_dir, model, run,
+                           per_channel=options is authors)
+
+  def _check_export(self, model_dir, model, run, per_channel):
+    """The export of MODEL_DIR serves what MODEL computes on its input."""
+    export_dir = os.path.join(model_dir, "export")
+    _, version_dir, info = export.export_run(model_dir, export_dir)
+    self.assertEqual(info["model"]["name"], run.config.model)
+    self.assertEqual(info["preprocessing"], run.preprocessing.to_dict())
+    served = tf.saved_model.load(version_dir)
+    raw = np.random.default_rng(1).integers(
+        0, 256, (2, 32, 32, 3)).astype(np.float32)
+    out = served.signatures[contract.DEFAULT_SIGNATURE](
+        **{contract.INPUT_KEY: tf.constant(raw)})
+    # The restored network on the same pixels, standardised here.
+    def probabilities(preprocessing):
+      logits = model(_standardised(raw, preprocessing)).numpy()
+      p = np.exp(logits - logits.max(axis=1, keepdims=True))
+      return p / p.sum(axis=1, keepdims=True)
+    expected = probabilities(run.preprocessing)
+    np.testing.assert_allclose(out[contract.PROBABILITIES_KEY].numpy(),
+                               expected, rtol=1e-4, atol=1e-6)
+    if per_channel:  # Per-image input would be told apart.
+      self.assertGreater(np.abs(probabilities(dataclasses.replace(
+          run.preprocessing, standardize="per_image", mean=None,
+          std=None)) - expected).max(), 1e-4)
 
 
 def _standardised(raw, preprocessing):

@@ -575,12 +575,16 @@ def _history(applied):
 
 class ConfigHistoryTest(testing.SharedRootTestCase):
 
+  # The new run every test starts from: 10 steps at a constant rate.
+  FIRST = ("--train_steps=10", "--lr_schedule=constant",
+           "--learning_rate=0.01", "--noeval_at_end")
+
   def _copy_of_trained(self, name):
-    """A copy in ROOT/NAME of one smoke run of 20 steps, trained once for
-    every test that asks (as `_train` starts one with --train_steps=20)."""
+    """A copy in ROOT/NAME of the smoke run `_train` starts with FIRST,
+    trained once for every test that asks."""
     base = os.path.join(self.root, "trained_once")
     if not os.path.isdir(base):
-      self._train(base, "--train_steps=20")
+      self._train(base, *self.FIRST)
     model_dir = os.path.join(self.root, name)
     shutil.copytree(base, model_dir)
     return model_dir
@@ -598,9 +602,7 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
       return f.read()
 
   def test_history_has_each_change_from_its_step_and_undone_ones_vanish(self):
-    model_dir = os.path.join(self.root, "history")
-    self._train(model_dir, "--train_steps=10", "--lr_schedule=constant",
-                "--learning_rate=0.01", "--noeval_at_end")
+    model_dir = self._copy_of_trained("history")  # Trained with FIRST.
     first = json.loads(self._config_json(model_dir))
     self.assertNotIn("history", first)
     applied = {0: first["config"]}  # The configuration from each step on.
@@ -630,14 +632,14 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
                                  "train_steps": [10, 30]}}])
 
   def test_a_command_that_trains_nothing_changes_nothing(self):
-    model_dir = self._copy_of_trained("nothing")
+    model_dir = self._copy_of_trained("nothing")  # 10 steps trained.
     before = self._config_json(model_dir)
     files = sorted(os.listdir(model_dir))
-    result = self._train(model_dir, "--train_steps=10")
+    result = self._train(model_dir, "--train_steps=5")
     self.assertIn("nothing to train", result.stderr)
     self.assertNotIn("training cifar10", result.stderr)
     self.assertNotIn(" eval: ", result.stderr)  # No evaluation either.
-    self.assertIn("done: step 20, nothing trained", result.stdout)
+    self.assertIn("done: step 10, nothing trained", result.stdout)
     self.assertEqual(self._config_json(model_dir), before)
     self.assertEqual(sorted(os.listdir(model_dir)), files)
 
@@ -675,13 +677,12 @@ class ConfigHistoryTest(testing.SharedRootTestCase):
     with open(path, "w") as f:  # As the code before this fix could write.
       f.write(re.sub(r'"weight_decay": [^,\n]+', '"weight_decay": Infinity',
                      text))
-    result = self._train(model_dir, "--train_steps=30", check=False)
+    result = self._train(model_dir, "--train_steps=20", check=False)
     self.assertEqual(testing.last_stderr_line(result),
                      f"error: {path} holds an invalid weight_decay: "
                      "weight_decay must be a finite number, got inf; pass "
                      "--weight_decay to replace it")
-    # (The shared run has 20 steps: 30, to train again.)
-    self._train(model_dir, "--train_steps=30", "--weight_decay=1e-4")
+    self._train(model_dir, "--train_steps=20", "--weight_decay=1e-4")
     stored = json.loads(self._config_json(model_dir))
     self.assertEqual(stored["config"]["weight_decay"], 1e-4)
 

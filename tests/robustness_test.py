@@ -11,6 +11,7 @@ this process (`testing.library_line`, `testing.train_in_process`): the
 same line, the same files before and after, without a TensorFlow import
 per variant."""
 
+import atexit
 import fcntl
 import glob
 import gzip
@@ -73,21 +74,22 @@ class _Zeros(io.RawIOBase):
     return n
 
 
-# {flags: a run trained with TINY, --train_steps=10 and those flags}, each
-# trained once in this process for every test that copies it.
-_TRAINED = {}
+# The tiny run of 10 steps (TINY, --train_steps=10) that tests copy, trained
+# once in this process: [its model_dir].
+_TRAINED = []
 
 
-def _trained_copy(model_dir, *flags):
-  """MODEL_DIR, made a copy of the tiny run of 10 steps trained with FLAGS
-  (TF_CONFIG unset) once in this process (`_TRAINED`)."""
-  if flags not in _TRAINED:
-    trained = os.path.join(tempfile.mkdtemp(
-        dir=absltest.get_default_test_tmpdir()), "run")
-    testing.run_binary("train", *TINY, "--train_steps=10", *flags,
+def _trained_copy(model_dir):
+  """MODEL_DIR, made a copy of `_TRAINED`'s run (trained with TF_CONFIG
+  unset; with its evaluation at the end)."""
+  if not _TRAINED:
+    scratch = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    trained = os.path.join(scratch, "run")
+    testing.run_binary("train", *TINY, "--train_steps=10",
                        f"--model_dir={trained}", env=_env(), check=True)
-    _TRAINED[flags] = trained
-  shutil.copytree(_TRAINED[flags], model_dir)
+    _TRAINED.append(trained)
+  shutil.copytree(_TRAINED[0], model_dir)
   return model_dir
 
 
@@ -349,13 +351,15 @@ class StoredSettingsTest(testing.SharedRootTestCase):
     config_path = os.path.join(model_dir, "config.json")
     with open(config_path) as f:
       stored = json.load(f)["config"]
-    # A dry run shows what the command would change, and writes nothing.
+    # A dry run shows what the command would change, and writes nothing
+    # (what bin/train.py's main() does with --dry_run, in this process: the
+    # binary's part is the training below).
     before = testing.snapshot(model_dir)
-    dry = testing.run_binary("train", *TINY, "--train_steps=20",
-                             f"--model_dir={model_dir}", "--dry_run",
-                             check=True)
+    status, dry_stderr, _ = testing.train_in_process(
+        *TINY, "--train_steps=20", f"--model_dir={model_dir}", "--dry_run")
+    self.assertEqual(status, 0, dry_stderr)
     self.assertEqual(testing.snapshot(model_dir), before)
-    self.assertIn(f"would change in {config_path}:\n", dry.stderr)
+    self.assertIn(f"would change in {config_path}:\n", dry_stderr)
     # The preset's values replace the stored ones: the command trains.
     result = testing.run_binary("train", *TINY, "--train_steps=20",
                                 f"--model_dir={model_dir}", check=True)
@@ -367,14 +371,13 @@ class StoredSettingsTest(testing.SharedRootTestCase):
     self.assertCountEqual(expected, [
         "train_steps: 10 \u2192 20", "learning_rate: 0.002 \u2192 0.01",
         "checkpoint_steps: 5 \u2192 10"])
-    for output in (dry.stderr, result.stderr):
+    for output in (dry_stderr, result.stderr):
       lines = output.splitlines()
       self.assertCountEqual([line for line in lines if "\u2192" in line],
                             expected)
     self.assertIn(f"changed in {config_path} from step 10:", result.stderr)
     self.assertStartsWith(result.stdout, "done: step 20")
-    # A command that changes nothing says nothing of changes (the dry run
-    # above proved the binary's part: here what it calls, in this process).
+    # A command that changes nothing says nothing of changes.
     status, stderr, stdout = testing.train_in_process(
         *TINY, "--train_steps=20", f"--model_dir={model_dir}", "--dry_run")
     self.assertEqual(status, 0, stderr)
@@ -715,8 +718,7 @@ class ExportEdgesTest(testing.SharedRootTestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.model_dir = _trained_copy(os.path.join(cls.root, "run"),
-                                  "--eval_at_end=false")
+    cls.model_dir = _trained_copy(os.path.join(cls.root, "run"))
 
   def _export(self, export_dir, *flags):
     return testing.run_binary("export", f"--model_dir={self.model_dir}",
@@ -757,18 +759,12 @@ class ExportEdgesTest(testing.SharedRootTestCase):
       os.makedirs(read_only, mode=0o555)
       cases["read-only"] = (read_only, "PermissionError: Permission denied")
     before = testing.snapshot(self.root)
+    # What the binary's main() calls, in this process (how it prints an
+    # export's refusal: test_version_names_are_what_tf_serving_loads).
     for name, (export_dir, reason) in cases.items():
       with self.subTest(name):
-        if name == "under a file":  # The binary: line, status, no stdout.
-          result = self._export(export_dir)
-          self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-          self.assertNotIn("Traceback", result.stderr)
-          self.assertEqual(result.stdout, "")
-          line = testing.last_stderr_line(result)
-        else:  # The others in this process.
-          line = self._export_refusal(export_dir)
         self.assertEqual(
-            line,
+            self._export_refusal(export_dir),
             f"error: cannot write version 1 into --export_dir={export_dir} "
             f"({reason}); free space, fix the directory or its permissions, "
             "or pick another --export_dir; nothing was exported")
@@ -992,12 +988,12 @@ class UnwritableRunTest(testing.SharedRootTestCase):
   says in one line that it was not recorded."""
 
   def test_evaluate_prints_what_it_cannot_record(self):
-    model_dir = _trained_copy(os.path.join(self.root, "run"),
-                              "--eval_at_end=false")
+    model_dir = _trained_copy(os.path.join(self.root, "run"))
     # Where metrics.jsonl and eval/ go, a directory and a file: unwritable
     # for any user, root included (for whom permissions are no obstacle).
     os.remove(os.path.join(model_dir, "metrics.jsonl"))
     os.makedirs(os.path.join(model_dir, "metrics.jsonl"))
+    shutil.rmtree(os.path.join(model_dir, "eval"))  # Its evaluation at the end.
     with open(os.path.join(model_dir, "eval"), "w") as f:
       f.write("not a directory\n")
     variants = [("blocked", None)]
@@ -1092,19 +1088,15 @@ class MalformedFilesTest(testing.SharedRootTestCase):
       with open(path, "w") as f:
         json.dump(description, f, indent=2)
       before = testing.snapshot(model_dir)
-      commands = [("train", [f"--model_dir={model_dir}", "--train_steps=20"])]
-      if name == "config":
-        commands.append(("evaluate", [f"--model_dir={model_dir}"]))
-      for binary, args in commands:
+      commands = ["train", "evaluate"] if name == "config" else ["train"]
+      # What each binary's main() calls, in this process: how the binaries
+      # print what config_file.read refuses is
+      # test_a_malformed_config_json_is_named's.
+      for binary in commands:
         with self.subTest(variant=name, binary=binary):
-          if name == "config":  # The binaries: line, status, no traceback.
-            result = testing.run_binary(binary, *args)
-            self._refused(result, starts, model_dir, before)
-            line = testing.last_stderr_line(result)
-          else:  # What train's main() calls, in this process.
-            line = self._line_in_process(binary, model_dir)
-            self.assertStartsWith(line, starts)
-            self.assertEqual(testing.snapshot(model_dir), before)
+          line = self._line_in_process(binary, model_dir)
+          self.assertStartsWith(line, starts)
+          self.assertEqual(testing.snapshot(model_dir), before)
           for key in unknown:
             self.assertIn(key, line)
           self.assertIn("use a new --model_dir", line)
@@ -1138,21 +1130,16 @@ class MalformedFilesTest(testing.SharedRootTestCase):
         with open(path, "w") as f:
           f.write(content)
       before = testing.snapshot(model_dir)
-      commands = [("train", [f"--model_dir={model_dir}", "--train_steps=20"])]
+      commands = ["train"]
       if name == "a directory":  # Every binary reads it the same way.
-        commands.append(("evaluate", [f"--model_dir={model_dir}"]))
-      for binary, args in commands:
+        commands.append("evaluate")
+      # What each binary's main() calls, in this process (the binaries'
+      # part: test_a_malformed_config_json_is_named).
+      for binary in commands:
         with self.subTest(variant=name, binary=binary):
-          # The binaries once each (train: nested deepest; evaluate: the
-          # directory); the other variants in this process.
-          if (binary, name) in (("train", "nested 200000 deep"),
-                                ("evaluate", "a directory")):
-            self._refused(testing.run_binary(binary, *args),
-                          f"error: {path} ", model_dir, before)
-          else:
-            self.assertStartsWith(self._line_in_process(binary, model_dir),
-                                  f"error: {path} ")
-            self.assertEqual(testing.snapshot(model_dir), before)
+          self.assertStartsWith(self._line_in_process(binary, model_dir),
+                                f"error: {path} ")
+          self.assertEqual(testing.snapshot(model_dir), before)
 
   def test_a_report_over_damaged_run_records(self):
     # Issue 75, item 5: the records a training appends past are left out;
@@ -1195,6 +1182,9 @@ class MalformedFilesTest(testing.SharedRootTestCase):
     self.assertEqual({k: runs[0][k] for k in kept},
                      {k: runs[1][k] for k in kept})
     self.assertIsNotNone(runs[0]["final_top1"])
+    self._check_unreadable_study_json(intact, output_dir)
+
+  def _check_unreadable_study_json(self, intact, output_dir):
     # A study.json (how runs ended before metrics.jsonl said it) that is not
     # one: one line naming it, whichever way it is not.
     from identity_tf import errors  # pylint: disable=g-import-not-at-top
@@ -1293,7 +1283,8 @@ class MalformedFilesTest(testing.SharedRootTestCase):
       for command, (binary, args) in commands.items():
         with self.subTest(variant=name, command=command):
           if name == "config null":
-            # Each binary once: its line, exit status 1, nothing on stdout.
+            # Each binary once: its line, exit status 1, nothing on stdout
+            # (for this class's other tests of config.json too).
             result = testing.run_binary(binary, *args)
             self.assertEqual(result.returncode, 1, result.stderr[-2000:])
             self.assertNotIn("Traceback", result.stderr)

@@ -524,6 +524,10 @@ class RunStudyTest(absltest.TestCase):
                                                "seed0")))
     self.assertTrue(any("diverged: " in line and
                         "became NaN or infinite" in line for line in lines))
+    self._check_curves_come_from_the_records(output_dir, run)
+    self._check_a_second_command(output_dir, results, run)
+
+  def _check_curves_come_from_the_records(self, output_dir, run):
     # Everything comes from metrics.jsonl: no study.json is written, and
     # without the TensorBoard files the results are the same.
     for arm in ("smoke", "huge_lr"):
@@ -555,6 +559,8 @@ class RunStudyTest(absltest.TestCase):
       self.assertEqual((reached[str(level)] or {}).get("step"), first, level)
     self.assertIn("| minutes to 1 / 50 / 100 %: wall |",
                   study.markdown_table(other))
+
+  def _check_a_second_command(self, output_dir, results, run):
     # Again: nothing is trained, the results are the same.
     again = []
     self.assertEqual(study.run_study(TINY_STUDY, output_dir,

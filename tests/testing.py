@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import functools
 import io
@@ -143,24 +144,26 @@ def library_line(test, call, *args, **kwargs):
   return f"error: {cli.message(caught.exception)}"
 
 
-def _train_flags(args):
-  """absl's parse of bin/train.py's flags ARGS: --preset, --model_dir, the
-  binary's own flags and one per field of `configs.Config` (None where
-  unset), each of the type the binary defines it with."""
+@functools.cache
+def _train_binary_flags():
+  """The flags bin/train.py defines (its own and those it takes from cli),
+  its module loaded once into this process for their definitions."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from identity_tf import configs  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "train_binary_flags", os.path.join(source_root(), "bin", "train.py"))
+  binary = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = binary  # absl names a flag's module from it.
+  spec.loader.exec_module(binary)
+  return tuple(flags.FLAGS.get_key_flags_for_module(binary))
+
+
+def _train_flags(args):
+  """absl's parse of bin/train.py's flags ARGS, by copies of the binary's
+  own flag definitions (types, bounds, defaults: None where unset)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
   values = flags.FlagValues()
-  for name in ("preset", "model_dir", "data_dir", "tpu"):
-    flags.DEFINE_string(name, None, "", flag_values=values)
-  flags.DEFINE_float("cluster_timeout", 600.0, "", flag_values=values)
-  flags.DEFINE_boolean("dry_run", False, "", flag_values=values)
-  flags.DEFINE_boolean("verbose", False, "", flag_values=values)
-  for field in dataclasses.fields(configs.Config):
-    if field.name != "preset":  # As `cli.define_config_flags` defines them.
-      define = {tuple: flags.DEFINE_list, bool: flags.DEFINE_boolean,
-                int: flags.DEFINE_integer, float: flags.DEFINE_float}.get(
-                    field.type, flags.DEFINE_string)
-      define(field.name, None, "", flag_values=values)
+  for flag in _train_binary_flags():
+    values[flag.name] = copy.deepcopy(flag)
   values(["train", *map(str, args)])
   return values
 

@@ -284,50 +284,57 @@ class ServingModule:
     return self._outputs(prep.preprocess_for_eval(
         images, self._preprocessing))
 
+  def _decode_element(self, index, encoded):
+    """(index, pixels, [height, width], refused) of one encoded file.
+
+    A file that cannot be decoded raises, which drops its element from the
+    request's pipeline (so that `_serve_encoded` names it rather than
+    failing the request anonymously). A file is decoded only once its
+    header declares a size the model takes (`declared_size`): a small file
+    may declare a huge image (a decompression bomb), and a file of another
+    size is refused anyway.
+    """
+    size = self._size
+    height, width, channels = self._input_shape
+    declared, known = declared_size(encoded)
+    if self._fixed_size:
+      fits = tf.reduce_all(tf.equal(declared, [height, width]))
+    else:
+      fits = tf.reduce_all(declared <= contract.MAX_IMAGE_PIXELS) & (
+          declared[0] * declared[1] <= contract.MAX_IMAGE_PIXELS)
+    # Not a JPEG, PNG, GIF or BMP: an error, which drops the element.
+    with tf.control_dependencies([tf.debugging.Assert(known, [index])]):
+      fits = tf.identity(fits)
+
+    def decoded():
+      # Decoding to the model's channels turns colour into grey (or grey
+      # into colour) as the training data was.
+      image = tf.io.decode_image(encoded, channels=channels,
+                                 expand_animations=False)
+      if self._fixed_size:  # Checked below; any shape may pass here.
+        image = tf.image.resize_with_crop_or_pad(image, height, width)
+      pixels = prep.preprocess_for_eval(
+          image[tf.newaxis], self._preprocessing)[0]
+      return pixels, tf.shape(image, out_type=tf.int64)[:2]
+
+    def refused():
+      return tf.zeros([size, size, 3]), declared
+
+    pixels, height_width = tf.cond(fits, decoded, refused)
+    return index, pixels, height_width, tf.logical_not(fits)
+
   def _serve_encoded(self, images):
     """predict_images: encoded JPEG/PNG files [batch]."""
     size = self._size
-    height, width, channels = self._input_shape
+    height, width, _ = self._input_shape
     count = tf.shape(images, out_type=tf.int64)[0]
 
-    # Each file is decoded and preprocessed as one element of a tf.data
-    # pipeline whose decoding errors are dropped (`ignore_errors`) instead of
-    # failing the request anonymously; the indices that come out tell which
-    # element was bad, and an assertion names it. A file is decoded only
-    # once its header declares a size the model takes (`declared_size`): a
-    # small file may declare a huge image (a decompression bomb), and a
-    # file of another size is refused anyway.
-    def decode(index, encoded):
-      declared, known = declared_size(encoded)
-      if self._fixed_size:
-        fits = tf.reduce_all(tf.equal(declared, [height, width]))
-      else:
-        fits = tf.reduce_all(declared <= contract.MAX_IMAGE_PIXELS) & (
-            declared[0] * declared[1] <= contract.MAX_IMAGE_PIXELS)
-      # Not a JPEG, PNG, GIF or BMP: an error, which drops the element.
-      with tf.control_dependencies([tf.debugging.Assert(known, [index])]):
-        fits = tf.identity(fits)
-
-      def decoded():
-        # Decoding to the model's channels turns colour into grey (or grey
-        # into colour) as the training data was.
-        image = tf.io.decode_image(encoded, channels=channels,
-                                   expand_animations=False)
-        if self._fixed_size:  # Checked below; any shape may pass here.
-          image = tf.image.resize_with_crop_or_pad(image, height, width)
-        pixels = prep.preprocess_for_eval(
-            image[tf.newaxis], self._preprocessing)[0]
-        return pixels, tf.shape(image, out_type=tf.int64)[:2]
-
-      def refused():
-        return tf.zeros([size, size, 3]), declared
-
-      pixels, height_width = tf.cond(fits, decoded, refused)
-      return index, pixels, height_width, tf.logical_not(fits)
-
+    # One tf.data element per file (`_decode_element`); its decoding errors
+    # are dropped (`ignore_errors`) and the indices missing afterwards name
+    # the bad files in the assertions below.
     elements = tf.data.Dataset.from_tensor_slices(
         (tf.range(count), images)).map(
-            decode, num_parallel_calls=tf.data.AUTOTUNE,
+            self._decode_element, num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True).ignore_errors()
     empty = (tf.zeros([0], tf.int64), tf.zeros([0, size, size, 3]),
              tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.bool))

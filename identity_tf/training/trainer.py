@@ -329,11 +329,9 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     config: a validated `configs.Config`.
     model_dir: where config.json, checkpoints and summaries go.
     data_dir: TFDS data directory.
-    strategy: a tf.distribute strategy (default: `distribute.create_strategy(
-      config.strategy, tpu)`).
-    tpu: --tpu for `create_strategy`.
-    cluster_timeout: seconds a multi-worker cluster may take to form
-      (`create_strategy`).
+    strategy: a tf.distribute strategy (default: `distribute.create_strategy`
+      of config.strategy, TPU, and CLUSTER_TIMEOUT: the seconds a
+      multi-worker cluster may take to form).
     echo: receives the progress lines (print by default).
     verbose: ECHO receives the whole configuration, and every progress line
       its divergence diagnostics (otherwise only abnormal ones:
@@ -389,14 +387,14 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
           else tfds_data.prepared_info(config.dataset, data_dir))
   run = run_lib.prepare(config, info, model_dir, data_dir,
                         replicas=strategy.num_replicas_in_sync)
-  trainer_options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
+  options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
   if not distribute.is_chief(config.strategy):
-    return _train(Trainer(run, strategy, chief=False, **trainer_options),
-                  echo, verbose)
+    return _train(Trainer(run, strategy, chief=False, **options), echo,
+                  verbose)
   checkpoints.check_writable(model_dir)
   with checkpoints.lock(model_dir):
     config_file.check_resumable(model_dir, config)
-    return _train(Trainer(run, strategy, **trainer_options), echo, verbose)
+    return _train(Trainer(run, strategy, **options), echo, verbose)
 
 
 def _train(trainer, echo, verbose):
