@@ -2,12 +2,15 @@
 
     bazel run //bin:results_tables                         # every file
     bazel run //bin:results_tables -- --files=normfree_w025,precision
+    bazel run //bin:results_tables -- --files=ablation \
+        --plot=docs/results_ablation.png --arms=cifar10_ws,cifar10_ws_bn
 
 What each table holds: `identity_tf.training.results_tables`.
 """
 
 from absl import flags
 
+from identity_tf import files as identity_files
 from identity_tf.commands import cli
 from identity_tf.training import results_tables
 
@@ -17,11 +20,20 @@ flags.DEFINE_string("results_dir", "docs/results", "The directory of the "
                     "runs.")
 flags.DEFINE_list("files", None, "Only these files (names without .json; "
                   "default: every file of --results_dir).")
+flags.DEFINE_string("plot", None, "Also draw the training loss and test "
+                    "top-1 curves of --arms of the one file --files names "
+                    "into this PNG (the runs that carry curves; the mean "
+                    "over their seeds).")
+flags.DEFINE_list("arms", None, "With --plot: the arms to draw, in this "
+                  "order.")
 
 
 def main(argv):
   cli.begin(argv, "--files=precision", start_tensorflow=False)
   with cli.errors_as_exit():
+    if FLAGS.plot and (len(FLAGS.files or ()) != 1 or not FLAGS.arms):
+      raise ValueError("--plot draws one file's arms: pass --files=NAME "
+                       "and --arms=ARM,...")
     files = results_tables.load(cli.resolve_path(FLAGS.results_dir),
                                 FLAGS.files)
     tables = []
@@ -33,6 +45,21 @@ def main(argv):
                          "or malformed); docs/results/README.md has the "
                          "format") from None
     print("\n".join(tables), end="")
+    if FLAGS.plot:
+      _plot(files)
+
+
+def _plot(files):
+  # Only here: the study library starts TensorFlow, the tables need none.
+  from identity_tf.training import study  # pylint: disable=g-import-not-at-top
+  [name] = FLAGS.files
+  path = cli.resolve_path(FLAGS.plot)
+  results = results_tables.curves_of(files[name], name, FLAGS.arms)
+  # Written whole: an interrupted command leaves the previous figure.
+  identity_files.write_atomically(
+      path, lambda temporary: study.plot_curves(results, temporary),
+      suffix=".png")
+  print(f"figure: {path}")
 
 
 def run():

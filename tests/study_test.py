@@ -17,6 +17,7 @@ from absl.testing import absltest
 from identity_tf import configs
 from identity_tf import errors
 from identity_tf.training import metrics
+from identity_tf.training import results_tables
 from identity_tf.training import study
 import testing
 
@@ -733,6 +734,42 @@ class ResultsTablesTest(absltest.TestCase):
                      f"error: no absent in {results_dir} (it holds other, "
                      "tiny); fix --files")
 
+
+  def test_a_figure_from_the_curves_a_file_carries(self):
+    results_dir = self.create_tempdir().full_path
+    curves = {"train_loss": [[1, 2.0], [2, 1.0]],
+              "test_top1": [[2, 0.5]]}
+    data = {"title": "Tiny", "cpu": "none", "arms": [
+        {"name": "ours", "description": "", "runs": [
+            {"seed": 0, "status": "done", "final_top1": 0.5,
+             "curves": curves},
+            # Transcribed without curves: left out of the figure.
+            {"seed": 1, "status": "done", "final_top1": 0.6}]},
+        {"name": "theirs", "description": "", "runs": [
+            {"seed": 0, "status": "done", "final_top1": 0.4,
+             "curves": curves}]},
+        {"name": "bare", "description": "", "runs": [
+            {"seed": 0, "status": "done", "final_top1": 0.4}]}]}
+    with open(os.path.join(results_dir, "tiny.json"), "w") as f:
+      json.dump(data, f)
+    picked = results_tables.curves_of(data, "tiny", ["theirs", "ours"])
+    self.assertEqual([arm["name"] for arm in picked["arms"]],
+                     ["theirs", "ours"])
+    self.assertEqual([run["seed"] for run in picked["arms"][1]["runs"]], [0])
+    with self.assertRaisesRegex(ValueError, "no curves of bare .*fix --arms"):
+      results_tables.curves_of(data, "tiny", ["ours", "bare"])
+    figure = os.path.join(results_dir, "figure.png")
+    testing.run_binary("results_tables", f"--results_dir={results_dir}",
+                       "--files=tiny", f"--plot={figure}",
+                       "--arms=ours,theirs", check=True)
+    with open(figure, "rb") as f:
+      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    result = testing.run_binary("results_tables",
+                                f"--results_dir={results_dir}",
+                                f"--plot={figure}", "--arms=ours")
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("--plot draws one file's arms",
+                  testing.last_stderr_line(result))
 
 if __name__ == "__main__":
   absltest.main()

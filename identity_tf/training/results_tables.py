@@ -10,6 +10,10 @@ file or "FILE:ARM" of another), their mean, the 95 % Student's t interval
 and the words that interval allows, and the same difference of the
 training-set loss where both arms have it (`statistics`). A study's own
 results.json (`study.collect`) reads the same way. Pure Python.
+
+`curves_of` picks the runs whose training curves a file carries, for
+`study.plot_curves` to draw a figure of docs/results.md from the committed
+file alone.
 """
 
 import json
@@ -40,6 +44,24 @@ def load(results_dir, names=None):
       raise errors.ConfigError(f"cannot read {path} ({e}); fix or remove "
                        "it") from None
   return files
+
+
+def curves_of(data, name, arm_names):
+  """A `study.plot_curves` input: the arms ARM_NAMES of result file NAME
+  (its JSON DATA), in that order, each with only its runs that carry
+  `curves`; an arm that is not there, or has no run with curves, is an
+  error naming the arms that have them."""
+  with_curves = {arm["name"]: [r for r in arm["runs"] if r.get("curves")]
+                 for arm in data["arms"]}
+  with_curves = {arm: runs for arm, runs in with_curves.items() if runs}
+  missing = [arm for arm in arm_names if arm not in with_curves]
+  if missing:
+    raise errors.ConfigError(
+        f"{name}.json has no curves of {', '.join(missing)} (runs with "
+        f"curves: {', '.join(with_curves) or 'none'}); fix --arms")
+  return {"study": data["title"],
+          "arms": [{"name": arm, "runs": with_curves[arm]}
+                   for arm in arm_names]}
 
 
 def final_top1_by_seed(arm):
