@@ -59,7 +59,7 @@ def curves_of(data, name, arm_names):
     raise errors.ConfigError(
         f"{name}.json has no curves of {', '.join(missing)} (runs with "
         f"curves: {', '.join(with_curves) or 'none'}); fix --arms")
-  return {"study": data["title"],
+  return {"study": name,
           "arms": [{"name": arm, "runs": with_curves[arm]}
                    for arm in arm_names]}
 
