@@ -10,7 +10,6 @@ What each table holds: `identity_tf.training.results_tables`.
 
 from absl import flags
 
-from identity_tf import files as identity_files
 from identity_tf.commands import cli
 from identity_tf.training import results_tables
 
@@ -54,11 +53,8 @@ def _plot(files):
   from identity_tf.training import study  # pylint: disable=g-import-not-at-top
   [name] = FLAGS.files
   path = cli.resolve_path(FLAGS.plot)
-  results = results_tables.curves_of(files[name], name, FLAGS.arms)
-  # Written whole: an interrupted command leaves the previous figure.
-  identity_files.write_atomically(
-      path, lambda temporary: study.plot_curves(results, temporary),
-      suffix=".png")
+  study.write_curves(results_tables.curves_of(files[name], name, FLAGS.arms),
+                     path)
   print(f"figure: {path}")
 
 

@@ -734,7 +734,6 @@ class ResultsTablesTest(absltest.TestCase):
                      f"error: no absent in {results_dir} (it holds other, "
                      "tiny); fix --files")
 
-
   def test_a_figure_from_the_curves_a_file_carries(self):
     results_dir = self.create_tempdir().full_path
     curves = {"train_loss": [[1, 2.0], [2, 1.0]],

@@ -627,10 +627,15 @@ def write_report(results, output_dir):
   if note:
     text += "\n" + note
   files.write_text_atomically(paths[RESULTS_MARKDOWN], text)
-  files.write_atomically(paths[CURVES_PNG],
-                         lambda path: plot_curves(results, path),
-                         suffix=".png")
+  write_curves(results, paths[CURVES_PNG])
   return paths
+
+
+def write_curves(results, path):
+  """`plot_curves` of RESULTS into PATH, written whole (`files.write_atomically`):
+  an interrupted write leaves the previous figure."""
+  files.write_atomically(path, lambda temporary: plot_curves(results, temporary),
+                         suffix=".png")
 
 
 def _settings(results):
