@@ -632,10 +632,11 @@ def write_report(results, output_dir):
 
 
 def write_curves(results, path):
-  """`plot_curves` of RESULTS into PATH, written whole (`files.write_atomically`):
-  an interrupted write leaves the previous figure."""
-  files.write_atomically(path, lambda temporary: plot_curves(results, temporary),
-                         suffix=".png")
+  """`plot_curves` of RESULTS into PATH, written whole
+  (`files.write_atomically`): an interrupted write leaves the previous
+  figure."""
+  files.write_atomically(
+      path, lambda temporary: plot_curves(results, temporary), suffix=".png")
 
 
 def _settings(results):
