@@ -613,7 +613,8 @@ class ExportTest(absltest.TestCase):
     }
     bad_files = {
         "undecodable": ([png, b"\x89PNG\r\n\x1a\n garbage", png],
-                        r"images\[1\] is not a decodable JPEG or PNG image"),
+                        r"images\[1\] is not a decodable JPEG, PNG, GIF "
+                        "or BMP image"),
         "text": ([b"hello", png], r"images\[0\] is not a decodable"),
         "size": ([png, png, small_png],
                  r"images\[2\] is not 32x32 pixels"),

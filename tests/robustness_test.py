@@ -1443,6 +1443,28 @@ def _gif_header(width, height):
   return b"GIF89a" + struct.pack("<HH", width, height) + bytes(20)
 
 
+def _gif_of(width, height, frames=1, screen=None):
+  """A GIF of FRAMES grey frames of WIDTH x HEIGHT pixels, written by
+  Pillow; its logical screen then set to SCREEN (width, height) if given."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  images = [Image.new("L", (width, height), 40 * i) for i in range(frames)]
+  out = io.BytesIO()
+  images[0].save(out, "GIF", save_all=frames > 1, append_images=images[1:])
+  data = out.getvalue()
+  if screen:
+    data = data[:6] + struct.pack("<HH", *screen) + data[10:]
+  return data
+
+
+def _gif_frame_headers(screen, frames):
+  """A GIF of a SCREEN (width, height) logical screen, no colour table,
+  then one image descriptor per (width, height) in FRAMES, each followed by
+  an LZW code size and no data (GIF89a, Sections 18, 20 and 22)."""
+  return (b"GIF89a" + struct.pack("<HHBBB", *screen, 0, 0, 0) +
+          b"".join(b"\x2c" + struct.pack("<HHHHB", 0, 0, *frame, 0) +
+                   b"\x08\x00" for frame in frames) + b"\x3b")
+
+
 def _bmp_header(width, height):
   # BITMAPFILEHEADER (14 bytes), then BITMAPINFOHEADER's size and size.
   return (b"BM" + bytes(12) + struct.pack("<Iii", 40, width, height) +
@@ -1493,6 +1515,9 @@ class DecompressionBombTest(testing.SharedRootTestCase):
     cls.tf = tf
     cls.max_pixels = getattr(contract, "MAX_IMAGE_PIXELS", 1 << 26)
     cls.good = tf.io.encode_png(tf.zeros([32, 32, 3], tf.uint8)).numpy()
+    cls.undecodable = (
+        "images[{}] is not a decodable JPEG, PNG, GIF or BMP image (a GIF: "
+        f"at most {cls.max_pixels} pixels in all its frames)")
     cls.jpeg = tf.io.encode_jpeg(tf.zeros([32, 32, 3], tf.uint8)).numpy()
 
   def _refusal(self, signature, files):
@@ -1516,6 +1541,10 @@ class DecompressionBombTest(testing.SharedRootTestCase):
         ("JPEG 48x40", _jpeg_declaring(self.jpeg, 48, 40)),
         ("JPEG 65500x65500", _jpeg_declaring(self.jpeg, 65500, 65500)),
         ("GIF 65535x65535", _gif_header(65535, 65535)),
+        ("GIF of a 32x32 screen, a 65535x65535 frame",
+         _gif_frame_headers((32, 32), [(65535, 65535)])),
+        ("GIF of a 32x32 screen, a 32x32 frame, a 33x32 one",
+         _gif_frame_headers((32, 32), [(32, 32), (33, 32)])),
         ("BMP 100000x-100000", _bmp_header(100_000, -100_000)),
         ("BMP 32x33", _bmp_header(32, 33))):
       with self.subTest(name):
@@ -1523,7 +1552,7 @@ class DecompressionBombTest(testing.SharedRootTestCase):
                          not_32)
     self.assertEqual(
         self._refusal(self.signatures["fixed"], [self.good, testing.PNG_SIGNATURE + b"x"]),
-        "images[1] is not a decodable JPEG or PNG image")
+        self.undecodable.format(1))
     # A valid PNG of 12000 x 12000 pixels (140 kB; 432 MB decoded as RGB):
     # refused without the memory a decoding takes.
     bomb = _png_of_zeros(12_000, 12_000)
@@ -1532,6 +1561,58 @@ class DecompressionBombTest(testing.SharedRootTestCase):
                      not_32.replace("images[1]", "images[0]"))
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     self.assertLess(grown * 1024, 100 << 20)
+
+  def test_a_gif_is_bounded_by_its_frames_not_its_screen(self):
+    # TensorFlow decodes a GIF's frame at the size its descriptor declares:
+    # a 32x32 screen says nothing of it.
+    bomb = _gif_of(2000, 2000, screen=(32, 32))
+    self.assertEqual(
+        self.tf.io.decode_image(bomb, expand_animations=False).shape,
+        (2000, 2000, 3))
+    self.assertEqual(self._refusal(self.signatures["fixed"], [self.good, bomb]),
+                     "images[1] is not 32x32 pixels, the size this model "
+                     "takes: resize it first")
+    # An animation of frames of the model's size is served (its first
+    # frame).
+    animation = _gif_of(32, 32, frames=3)
+    self.assertEqual(self.signatures["fixed"](self.tf.constant(
+        [animation]))["classes"].shape, (1,))
+    # Frames each within the limit, together beyond it; and a file whose
+    # blocks go on past the limit on blocks read (70000 one-byte
+    # sub-blocks of an extension): neither is decoded.
+    side = math.isqrt(self.max_pixels)
+    many = _gif_frame_headers((50, 60), [(side, side)] * 2)
+    endless = (b"GIF89a" + struct.pack("<HHBBB", 50, 60, 0, 0, 0) +
+               b"\x21\xfe" + b"\x01x" * 70_000 + b"\x00\x3b")
+    small = self.tf.io.encode_png(self.tf.zeros([50, 60, 3],
+                                                self.tf.uint8)).numpy()
+    for name, data in (("two frames", many), ("70000 blocks", endless)):
+      with self.subTest(name):
+        self.assertEqual(
+            self._refusal(self.signatures["any size"], [small, data]),
+            self.undecodable.format(1))
+
+  def test_the_client_and_the_model_read_a_gif_alike(self):
+    from identity_tf.serving import client  # pylint: disable=g-import-not-at-top
+    from identity_tf.serving import export  # pylint: disable=g-import-not-at-top
+    extent = self.tf.function(export.gif_extent)
+    side = math.isqrt(self.max_pixels)
+    for name, data, expected in (
+        ("32x32", _gif_of(32, 32), (32, 32, 1024)),
+        ("3 frames 40x30", _gif_of(40, 30, frames=3), (30, 40, 3600)),
+        ("a 200x100 frame, 32x32 screen", _gif_of(200, 100, screen=(32, 32)),
+         (100, 200, 20000)),
+        ("descriptors", _gif_frame_headers((50, 60), [(side, side)] * 2),
+         (side, side, 2 * side * side)),
+        ("a header alone", _gif_header(640, 480), (480, 640, 0))):
+      with self.subTest(name):
+        height, width, pixels, complete = client.gif_extent(data)
+        self.assertEqual((height, width, pixels), expected)
+        self.assertTrue(complete)
+        size, model_pixels, model_complete = extent(self.tf.constant(data))
+        self.assertEqual((*size.numpy().tolist(), int(model_pixels)),
+                         expected)
+        self.assertTrue(bool(model_complete))
 
   def test_a_model_of_any_size_decodes_at_most_its_limit(self):
     side = math.isqrt(self.max_pixels)
@@ -1550,7 +1631,7 @@ class DecompressionBombTest(testing.SharedRootTestCase):
     # At the limit it is decoded (here: found not to be a PNG after all).
     self.assertEqual(
         self._refusal(self.signatures["any size"], [small, _png_header(side, side)]),
-        "images[1] is not a decodable JPEG or PNG image")
+        self.undecodable.format(1))
 
   def test_serve_client_does_not_send_a_file_declaring_too_many_pixels(self):
     from identity_tf import errors  # pylint: disable=g-import-not-at-top
@@ -1574,6 +1655,22 @@ class DecompressionBombTest(testing.SharedRootTestCase):
             f"^{re.escape(path)} is {width}x{height} pixels \\(its header "
             f"says so\\), more than the {self.max_pixels} the served model "
             "decodes: resize it first$"):
+          client.read_input(path)
+    # A GIF's frames count, not its screen.
+    from identity_tf.serving import contract  # pylint: disable=g-import-not-at-top
+    path = os.path.join(self.root, "frames.gif")
+    side = math.isqrt(self.max_pixels)
+    for frames, message in (
+        ([(40_000, 30_000)], "is 40000x30000 pixels (its header says so)"),
+        ([(side, side)] * 2,
+         f"is a GIF of more than {contract.MAX_GIF_BLOCKS} blocks or "
+         f"{self.max_pixels} pixels in all its frames, more than the served "
+         "model decodes: send its first frame alone")):
+      with self.subTest(frames=frames):
+        with open(path, "wb") as f:
+          f.write(_gif_frame_headers((50, 60), frames))
+        with self.assertRaisesRegex(errors.ServingError,
+                                    f"^{re.escape(f'{path} {message}')}"):
           client.read_input(path)
     # Files whose header declares a size within it, or none, go as before.
     for data in (self.good, self.jpeg, testing.PNG_SIGNATURE + bytes(100)):

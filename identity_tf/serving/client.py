@@ -47,6 +47,7 @@ from identity_tf.serving.contract import CLASSES_KEY
 from identity_tf.serving.contract import DEFAULT_SIGNATURE
 from identity_tf.serving.contract import IMAGES_SIGNATURE
 from identity_tf.serving.contract import INPUT_KEY
+from identity_tf.serving.contract import MAX_GIF_BLOCKS
 from identity_tf.serving.contract import MAX_IMAGE_PIXELS
 from identity_tf.serving.contract import PROBABILITIES_KEY
 from identity_tf.serving.contract import SIGNATURES
@@ -129,18 +130,50 @@ def _jpeg_size(data):
   return None
 
 
+def gif_extent(data):
+  """(height, width, pixels, complete) of GIF DATA as the model's
+  `predict_images` reads it (`serving.export.gif_extent`, which says why):
+  the bound of its screen and frames, the pixels of all its frames, and
+  whether its blocks end within `MAX_GIF_BLOCKS`."""
+  def u16(at):
+    return int.from_bytes(data[at:at + 2].ljust(2, b"\0"), "little")
+
+  def table(flags):  # The colour table after a descriptor, in bytes.
+    return 3 << ((flags & 7) + 1) if flags & 0x80 else 0
+
+  def byte(at):
+    return data[at] if at < len(data) else 0
+
+  height, width, pixels = u16(8), u16(6), 0
+  position, in_data = 13 + table(byte(10)), False
+  for _ in range(MAX_GIF_BLOCKS):
+    value = byte(position)
+    if position >= len(data) or (not in_data and value not in (0x21, 0x2C)):
+      return height, width, pixels, True
+    if in_data:  # A data sub-block: its size, then that many bytes.
+      position, in_data = position + 1 + value, value > 0
+    elif value == 0x2C:  # An image descriptor, then its data.
+      height = max(height, u16(position + 3) + u16(position + 7))
+      width = max(width, u16(position + 1) + u16(position + 5))
+      pixels += u16(position + 5) * u16(position + 7)
+      position, in_data = position + 11 + table(byte(position + 9)), True
+    else:  # An extension's introducer and label, then its data.
+      position, in_data = position + 2, True
+  return height, width, pixels, False
+
+
 def declared_size(data):
-  """(height, width) the image file DATA declares in its header (JPEG's
-  frame header, PNG's IHDR, GIF's logical screen, BMP's info header), as
-  the model's `predict_images` reads it; None if it declares none."""
+  """(height, width) the image file DATA declares in its headers (JPEG's
+  frame header, PNG's IHDR, the bound of a GIF's screen and frames, BMP's
+  info header), as the model's `predict_images` reads it; None if it
+  declares none."""
   kind = image_format(data)
   head = data[:32].ljust(32, b"\0")
   if kind == "PNG" and head[12:16] == b"IHDR":
     return (int.from_bytes(head[20:24], "big"),
             int.from_bytes(head[16:20], "big"))
   if kind == "GIF":
-    return (int.from_bytes(head[8:10], "little"),
-            int.from_bytes(head[6:8], "little"))
+    return gif_extent(data)[:2]
   if kind == "BMP":
     return (abs(int.from_bytes(head[22:26], "little", signed=True)),
             abs(int.from_bytes(head[18:22], "little", signed=True)))
@@ -192,6 +225,13 @@ def read_input(path, display_name=None):
         f"{name} is {size[1]}x{size[0]} pixels (its header says so), more "
         f"than the {MAX_IMAGE_PIXELS} the served model decodes: resize it "
         "first")
+  if image_format(data) == "GIF":
+    _, _, pixels, complete = gif_extent(data)
+    if not complete or pixels > MAX_IMAGE_PIXELS:
+      raise errors.ServingError(
+          f"{name} is a GIF of more than {MAX_GIF_BLOCKS} blocks or "
+          f"{MAX_IMAGE_PIXELS} pixels in all its frames, more than the "
+          "served model decodes: send its first frame alone")
   return Input(name, "image", data, [name])
 
 
@@ -275,7 +315,8 @@ def condense_error(message):
   """One line of a server's (often multi-line) TensorFlow error MESSAGE.
 
   The text of a failed assertion if there is one (the model's own message,
-  e.g. "images[2] is not a decodable JPEG or PNG image"), else the lines
+  e.g. "images[2] is not a decodable JPEG, PNG, GIF or BMP image ..."),
+  else the lines
   that are not just the location of the failing op.
   """
   match = _ASSERTION.search(message)

@@ -22,10 +22,11 @@ renamed into place, so a crash never leaves a half-written version for a
 server to load (TF Serving only loads directories named by an integer).
 
 Requests the model cannot answer fail inside the graph with an ordinary
-InvalidArgumentError naming the element, e.g. "images[2] is not a decodable
-JPEG or PNG image": the server answers that request with an error and keeps
-serving. Wrong rank, size or dtype is rejected by the signature's input spec
-before the graph runs (and the shape is checked again inside it).
+InvalidArgumentError naming the element, e.g. "images[2] is not 32x32
+pixels, the size this model takes: resize it first": the server answers
+that request with an error and keeps serving. Wrong rank, size or dtype
+is rejected by the signature's input spec before the graph runs (and the
+shape is checked again inside it).
 """
 
 import datetime
@@ -169,13 +170,83 @@ _GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
 _BMP_SIGNATURE = b"BM"
 
 
+def _gif_table_bytes(flags):
+  """The bytes of the colour table after a GIF descriptor whose packed
+  field is FLAGS (GIF89a, Sections 18 and 20: there if bit 7 is set,
+  3 x 2^(1 + the low three bits) long)."""
+  return tf.where(flags >= 128,
+                  3 * tf.bitwise.left_shift(tf.constant(2, tf.int64),
+                                            flags % 8),
+                  tf.constant(0, tf.int64))
+
+
+def gif_extent(encoded):
+  """(height and width int64 [2], pixels int64, complete bool) of the GIF
+  file ENCODED (a scalar string), read from its blocks without decoding
+  any (GIF89a, Sections 17-27: the logical screen and its colour table,
+  then images and extensions, each followed by data sub-blocks, then the
+  trailer).
+
+  TensorFlow decodes a GIF with giflib's DGifSlurp, which decodes every
+  frame at the size its image descriptor declares, and returns frames as
+  large as the largest, the first frame alone included: the logical
+  screen bounds none of it. HEIGHT and WIDTH bound the screen and every
+  frame, PIXELS counts all frames' pixels, and COMPLETE is false if the
+  file goes on past `contract.MAX_GIF_BLOCKS` blocks and sub-blocks. The
+  walk stops where the file ends or stops being a GIF, as giflib does.
+  """
+  raw = tf.io.decode_raw(encoded, tf.uint8)
+  length = tf.shape(raw, out_type=tf.int64)[0]
+  data = tf.concat([tf.cast(raw, tf.int64), tf.zeros([16], tf.int64)], 0)
+
+  def byte(at):  # 0 past the end.
+    return tf.gather(data, tf.minimum(tf.cast(at, tf.int64), length + 15))
+
+  def u16(at):
+    return byte(at) + 256 * byte(at + 1)
+
+  def walk(position, in_data, height, width, pixels, done):
+    del done  # The loop's condition.
+    value = byte(position)
+    between = tf.logical_not(in_data)
+    image = between & tf.equal(value, 0x2C)
+    extension = between & tf.equal(value, 0x21)
+    # An image descriptor: 0x2C, left, top, width, height, packed field.
+    height = tf.where(image, tf.maximum(height, u16(position + 3) +
+                                        u16(position + 7)), height)
+    width = tf.where(image, tf.maximum(width, u16(position + 1) +
+                                       u16(position + 5)), width)
+    pixels += tf.where(image, u16(position + 5) * u16(position + 7), 0)
+    # In data, a sub-block is its size byte and that many bytes; size 0
+    # ends the chain. Between blocks, an image's descriptor, local colour
+    # table and LZW code size, or an extension's introducer and label, come
+    # before its data.
+    after = tf.where(
+        in_data, position + 1 + value,
+        tf.where(image, position + 11 + _gif_table_bytes(byte(position + 9)),
+                 position + 2))
+    done = (position >= length) | (between & ~image & ~extension)
+    return (after, tf.where(in_data, value > 0, image | extension), height,
+            width, pixels, done)
+
+  start = (13 + _gif_table_bytes(byte(10)), tf.constant(False), u16(8),
+           u16(6), tf.constant(0, tf.int64), tf.constant(False))
+  _, _, height, width, pixels, done = tf.while_loop(
+      lambda *state: tf.logical_not(state[-1]), walk, start,
+      maximum_iterations=contract.MAX_GIF_BLOCKS)
+  return tf.stack([height, width]), pixels, done
+
+
 def declared_size(encoded):
   """(height and width int64 [2], whether known) that the encoded image
-  ENCODED (a scalar string) declares in its header, read from its first
-  bytes alone -- PNG's IHDR, GIF's logical screen, BMP's info header, and
-  for JPEG its frame header (`tf.image.extract_jpeg_shape`, which fails on
-  a JPEG it cannot read): nothing is decoded. Known only for JPEG, PNG, GIF
-  and BMP (what the signature decodes), with both sizes positive."""
+  ENCODED (a scalar string) declares in its headers, nothing decoded:
+  PNG's IHDR, BMP's info header, for JPEG its frame header
+  (`tf.image.extract_jpeg_shape`, which fails on a JPEG it cannot read),
+  for GIF the bound of its screen and frames (`gif_extent`). Known only
+  for JPEG, PNG, GIF and BMP (what the signature decodes), with both sizes
+  positive, and for a GIF read to its end whose frames together hold at
+  most `contract.MAX_IMAGE_PIXELS` pixels (or one of which alone holds
+  more: refused by its size)."""
   padded = tf.strings.join([encoded, tf.constant(bytes(32))])
   head = tf.cast(tf.io.decode_raw(tf.strings.substr(padded, 0, 32),
                                   tf.uint8), tf.int64)
@@ -199,15 +270,26 @@ def declared_size(encoded):
   gif = starts_with(_GIF_SIGNATURES[0]) | starts_with(_GIF_SIGNATURES[1])
   jpeg = starts_with(_JPEG_START)
   bmp = starts_with(_BMP_SIGNATURE)
+  # The walk through a GIF's blocks runs for GIFs alone.
+  gif_size, gif_pixels, gif_complete = tf.cond(
+      gif, lambda: gif_extent(encoded),
+      lambda: (tf.zeros([2], tf.int64), tf.constant(0, tf.int64),
+               tf.constant(True)))
   other = tf.where(png, tf.stack([number(20, 4, True), number(16, 4, True)]),
-                   tf.where(gif, tf.stack([number(8, 2, False),
-                                           number(6, 2, False)]),
-                            tf.stack([bmp_height, bmp_width])))
+                   tf.where(gif, gif_size, tf.stack([bmp_height, bmp_width])))
   size = tf.cond(
       jpeg, lambda: tf.cast(tf.image.extract_jpeg_shape(encoded)[:2],
                             tf.int64),
       lambda: other)
-  known = (jpeg | png | gif | bmp) & tf.reduce_all(size > 0)
+  # A GIF's frames together beyond the limit, each within it (an animation
+  # of many frames): not decodable here. One larger than the limit is
+  # refused by its size, as any image is.
+  too_large = tf.reduce_any(size > contract.MAX_IMAGE_PIXELS) | (
+      size[0] * size[1] > contract.MAX_IMAGE_PIXELS)
+  gif_fits = gif_complete & (
+      (gif_pixels <= contract.MAX_IMAGE_PIXELS) | too_large)
+  known = (jpeg | png | gif | bmp) & tf.reduce_all(size > 0) & (
+      tf.logical_not(gif) | gif_fits)
   return size, known
 
 
@@ -348,7 +430,9 @@ class ServingModule:
                             ["images is empty: send at least one image"]),
         _check_element(
             tf.logical_not(decoded),
-            "images[{}] is not a decodable JPEG or PNG image"),
+            "images[{}] is not a decodable JPEG, PNG, GIF or BMP image "
+            f"(a GIF: at most {contract.MAX_IMAGE_PIXELS} pixels in all its "
+            "frames)"),
     ]
     if self._fixed_size:
       with tf.control_dependencies(checks):
