@@ -1578,12 +1578,12 @@ class DecompressionBombTest(testing.SharedRootTestCase):
     self.assertEqual(self.signatures["fixed"](self.tf.constant(
         [animation]))["classes"].shape, (1,))
     # Frames each within the limit, together beyond it; and a file whose
-    # blocks go on past the limit on blocks read (70000 one-byte
-    # sub-blocks of an extension): neither is decoded.
+    # blocks go on past the limit on blocks read (empty comments): neither
+    # is decoded.
     side = math.isqrt(self.max_pixels)
     many = _gif_frame_headers((50, 60), [(side, side)] * 2)
-    endless = (b"GIF89a" + struct.pack("<HHBBB", 50, 60, 0, 0, 0) +
-               b"\x21\xfe" + b"\x01x" * 70_000 + b"\x00\x3b")
+    endless = _gif_frame_headers((50, 60), []).replace(
+        b"\x3b", b"\x21\xfe\x00" * 5000 + b"\x3b")
     small = self.tf.io.encode_png(self.tf.zeros([50, 60, 3],
                                                 self.tf.uint8)).numpy()
     for name, data in (("two frames", many), ("70000 blocks", endless)):
@@ -1598,21 +1598,23 @@ class DecompressionBombTest(testing.SharedRootTestCase):
     extent = self.tf.function(export.gif_extent)
     side = math.isqrt(self.max_pixels)
     for name, data, expected in (
-        ("32x32", _gif_of(32, 32), (32, 32, 1024)),
-        ("3 frames 40x30", _gif_of(40, 30, frames=3), (30, 40, 3600)),
+        ("32x32", _gif_of(32, 32), (32, 32, 1024, True)),
+        ("3 frames 40x30", _gif_of(40, 30, frames=3), (30, 40, 3600, True)),
         ("a 200x100 frame, 32x32 screen", _gif_of(200, 100, screen=(32, 32)),
-         (100, 200, 20000)),
+         (100, 200, 20000, True)),
         ("descriptors", _gif_frame_headers((50, 60), [(side, side)] * 2),
-         (side, side, 2 * side * side)),
-        ("a header alone", _gif_header(640, 480), (480, 640, 0))):
+         (side, side, 2 * side * side, True)),
+        ("a header alone", _gif_header(640, 480), (480, 640, 0, True)),
+        # A comment of 70000 one-byte sub-blocks before the trailer.
+        ("a long comment", _gif_of(32, 32)[:-1] + b"\x21\xfe" +
+         b"\x01x" * 70_000 + b"\x00\x3b", (32, 32, 1024, True)),
+        ("5000 comments", _gif_frame_headers((50, 60), []).replace(
+            b"\x3b", b"\x21\xfe\x00" * 5000 + b"\x3b"), (60, 50, 0, False))):
       with self.subTest(name):
-        height, width, pixels, complete = client.gif_extent(data)
-        self.assertEqual((height, width, pixels), expected)
-        self.assertTrue(complete)
-        size, model_pixels, model_complete = extent(self.tf.constant(data))
-        self.assertEqual((*size.numpy().tolist(), int(model_pixels)),
-                         expected)
-        self.assertTrue(bool(model_complete))
+        self.assertEqual(client.gif_extent(data), expected)
+        size, pixels, complete = extent(self.tf.constant(data))
+        self.assertEqual(
+            (*size.numpy().tolist(), int(pixels), bool(complete)), expected)
 
   def test_a_model_of_any_size_decodes_at_most_its_limit(self):
     side = math.isqrt(self.max_pixels)

@@ -145,20 +145,22 @@ def gif_extent(data):
     return data[at] if at < len(data) else 0
 
   height, width, pixels = u16(8), u16(6), 0
-  position, in_data = 13 + table(byte(10)), False
+  position = 13 + table(byte(10))
   for _ in range(MAX_GIF_BLOCKS):
     value = byte(position)
-    if position >= len(data) or (not in_data and value not in (0x21, 0x2C)):
+    if position >= len(data) or value not in (0x21, 0x2C):
       return height, width, pixels, True
-    if in_data:  # A data sub-block: its size, then that many bytes.
-      position, in_data = position + 1 + value, value > 0
-    elif value == 0x2C:  # An image descriptor, then its data.
+    if value == 0x2C:  # An image descriptor, its colour table, its data.
       height = max(height, u16(position + 3) + u16(position + 7))
       width = max(width, u16(position + 1) + u16(position + 5))
       pixels += u16(position + 5) * u16(position + 7)
-      position, in_data = position + 11 + table(byte(position + 9)), True
+      position += 11 + table(byte(position + 9))
     else:  # An extension's introducer and label, then its data.
-      position, in_data = position + 2, True
+      position += 2
+    # Data sub-blocks: each its size, then that many bytes; 0 ends them.
+    while position < len(data) and data[position]:
+      position += 1 + data[position]
+    position += 1
   return height, width, pixels, False
 
 

@@ -26,7 +26,7 @@ MODEL_INFO_FILE = "model_info.json"
 MAX_IMAGE_PIXELS = 1 << 26
 # A GIF is decoded whole, every frame of it, even though only the first is
 # used: `predict_images` reads a GIF's frame headers first (at most this
-# many of its blocks and data sub-blocks, 16 MB of image data) and refuses
-# one whose frames are larger than the model takes or hold more than
-# MAX_IMAGE_PIXELS pixels in all.
-MAX_GIF_BLOCKS = 1 << 16
+# many images and extensions: 2048 frames, each with its graphic control
+# extension) and refuses one whose frames are larger than the model takes
+# or hold more than MAX_IMAGE_PIXELS pixels in all.
+MAX_GIF_BLOCKS = 1 << 12

@@ -192,7 +192,7 @@ def gif_extent(encoded):
   large as the largest, the first frame alone included: the logical
   screen bounds none of it. HEIGHT and WIDTH bound the screen and every
   frame, PIXELS counts all frames' pixels, and COMPLETE is false if the
-  file goes on past `contract.MAX_GIF_BLOCKS` blocks and sub-blocks. The
+  file goes on past `contract.MAX_GIF_BLOCKS` images and extensions. The
   walk stops where the file ends or stops being a GIF, as giflib does.
   """
   raw = tf.io.decode_raw(encoded, tf.uint8)
@@ -205,33 +205,51 @@ def gif_extent(encoded):
   def u16(at):
     return byte(at) + 256 * byte(at + 1)
 
-  def walk(position, in_data, height, width, pixels, done):
-    del done  # The loop's condition.
+  # A chain of data sub-blocks: each its size byte and that many bytes, a
+  # size of 0 ending it. From every position at once, where a chain started
+  # there ends: leads[i] is where a sub-block at i leads, a terminator and
+  # the end of the file lead to themselves, and each round of pointer
+  # doubling looks twice as far ahead, so that log2(the longest chain)
+  # rounds reach every chain's terminator (a file of 1-byte sub-blocks
+  # takes one loop step per block below, not one per sub-block).
+  ends = tf.cast(length, tf.int32)
+  index = tf.range(ends)
+  sizes = tf.cast(raw, tf.int32)
+  leads = tf.concat([tf.where(sizes > 0, tf.minimum(index + 1 + sizes, ends),
+                              index), ends[tf.newaxis]], 0)
+
+  def double(leads, unused_changed):
+    further = tf.gather(leads, leads)
+    return further, tf.reduce_any(tf.not_equal(further, leads))
+
+  leads, _ = tf.while_loop(lambda unused_leads, changed: changed, double,
+                           (leads, tf.constant(True)))
+
+  def after_data(at):  # The position after the chain of sub-blocks at AT.
+    terminator = tf.gather(leads, tf.cast(tf.minimum(at, length), tf.int32))
+    return tf.cast(terminator, tf.int64) + 1
+
+  def walk(position, height, width, pixels, unused_done):
     value = byte(position)
-    between = tf.logical_not(in_data)
-    image = between & tf.equal(value, 0x2C)
-    extension = between & tf.equal(value, 0x21)
-    # An image descriptor: 0x2C, left, top, width, height, packed field.
+    image = tf.equal(value, 0x2C)
+    # An image descriptor: 0x2C, left, top, width, height, packed field;
+    # then its local colour table and LZW code size, before its data. An
+    # extension: its introducer and label, then its data.
     height = tf.where(image, tf.maximum(height, u16(position + 3) +
                                         u16(position + 7)), height)
     width = tf.where(image, tf.maximum(width, u16(position + 1) +
                                        u16(position + 5)), width)
     pixels += tf.where(image, u16(position + 5) * u16(position + 7), 0)
-    # In data, a sub-block is its size byte and that many bytes; size 0
-    # ends the chain. Between blocks, an image's descriptor, local colour
-    # table and LZW code size, or an extension's introducer and label, come
-    # before its data.
-    after = tf.where(
-        in_data, position + 1 + value,
-        tf.where(image, position + 11 + _gif_table_bytes(byte(position + 9)),
-                 position + 2))
-    done = (position >= length) | (between & ~image & ~extension)
-    return (after, tf.where(in_data, value > 0, image | extension), height,
-            width, pixels, done)
+    data_start = tf.where(
+        image, position + 11 + _gif_table_bytes(byte(position + 9)),
+        position + 2)
+    done = (position >= length) | tf.logical_not(
+        image | tf.equal(value, 0x21))
+    return after_data(data_start), height, width, pixels, done
 
-  start = (13 + _gif_table_bytes(byte(10)), tf.constant(False), u16(8),
-           u16(6), tf.constant(0, tf.int64), tf.constant(False))
-  _, _, height, width, pixels, done = tf.while_loop(
+  start = (13 + _gif_table_bytes(byte(10)), u16(8), u16(6),
+           tf.constant(0, tf.int64), tf.constant(False))
+  _, height, width, pixels, done = tf.while_loop(
       lambda *state: tf.logical_not(state[-1]), walk, start,
       maximum_iterations=contract.MAX_GIF_BLOCKS)
   return tf.stack([height, width]), pixels, done
