@@ -4,9 +4,9 @@ A tiny --deterministic run (a checkpoint every 20 steps) is killed with
 SIGKILL again and again, each time at a random moment just after a progress
 line or a save, and resumed by running the same command. After every kill
 the newest intact checkpoint is at most one checkpoint interval behind the
-last step the run reported, and the next session starts from it: its
-"start" record in metrics.jsonl is at that step, and its first progress
-line one --log_steps after it. At the end the weights are bit-identical to
+last step the run reported, and the next session starts from it: it says
+so, its "start" record in metrics.jsonl is at that step, and its first
+progress line one --log_steps after it. At the end the weights are bit-identical to
 an uninterrupted run's (which alone would not show that any checkpoint was
 used: a run trained again from step 0 ends with the same weights).
 KILL_LOOP_ITERATIONS (default 5) sets how many kills; docs/training.md
@@ -65,9 +65,9 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
     cls.reference = _tensors(reference)
 
   def _run_until_killed(self, model_dir, rng):
-    """Starts the training, kills it at a random moment; returns (the steps
-    of its progress lines, None or, if it ended before the kill, its exit
-    status and last line)."""
+    """Starts the training, kills it at a random moment; returns (its
+    stderr lines, the steps of its progress lines, None or, if it ended
+    before the kill, its exit status and last line)."""
     process = self.start_binary("train", f"--model_dir={model_dir}", *FLAGS)
     lines = []
     reader = threading.Thread(
@@ -97,15 +97,16 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
     # and a line echoed just before the kill may not be in metrics.jsonl.
     steps = [int(m.group(1)) for m in
              (re.match(r"step (\d+)/", l) for l in lines) if m]
-    return steps, finished or None
+    return lines, steps, finished or None
 
   def test_never_loses_more_than_one_interval(self):
     rng = random.Random(2017)
     model_dir = os.path.join(self.create_tempdir().full_path, "run")
     kills = 0
     resumed_from = [0]  # The step each session must start from.
+    newest_path = None  # And the checkpoint it must say it resumed from.
     while kills < ITERATIONS:
-      steps, finished = self._run_until_killed(model_dir, rng)
+      lines, steps, finished = self._run_until_killed(model_dir, rng)
       self.assertIsNone(finished, f"the run ended by itself after {kills} of "
                         f"{ITERATIONS} kills ({finished}); if it finished "
                         "training, raise TRAIN_STEPS")
@@ -114,10 +115,14 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
       self.assertEqual(steps[:1], [resumed_from[-1] + 5],
                        f"session {kills + 1} should have resumed from step "
                        f"{resumed_from[-1]}")
+      if newest_path:
+        self.assertIn(f"resumed from {newest_path} at step "
+                      f"{resumed_from[-1]}\n", "".join(lines))
       reported = max(steps)
       kills += 1
       intact, damaged = checkpoints.intact_checkpoints(model_dir)
       newest = checkpoints.checkpoint_step(intact[0]) if intact else 0
+      newest_path = intact[0] if intact else None
       resumed_from.append(newest)
       self.assertGreaterEqual(newest, reported - CHECKPOINT_STEPS,
                               f"kill {kills}: reported step {reported}, "
