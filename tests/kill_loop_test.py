@@ -6,9 +6,10 @@ line or a save, and resumed by running the same command. After every kill
 the newest intact checkpoint is at most one checkpoint interval behind the
 last step the run reported, and the next session starts from it: it says
 so, its "start" record in metrics.jsonl is at that step, and its first
-progress line one --log_steps after it. At the end the weights are bit-identical to
-an uninterrupted run's (which alone would not show that any checkpoint was
-used: a run trained again from step 0 ends with the same weights).
+progress line one --log_steps after it. At the end the weights are
+bit-identical to an uninterrupted run's (which alone would not show that
+any checkpoint was used: a run trained again from step 0 ends with the
+same weights).
 KILL_LOOP_ITERATIONS (default 5) sets how many kills; docs/training.md
 records a run of 50.
 """

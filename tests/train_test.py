@@ -43,7 +43,7 @@ SYNTHETIC = tfds_data.dataset_info("synthetic")
 TINY = dict(preset="smoke", width=0.0625, units=1, batch_size=16,
             learning_rate=0.01, log_steps=10, checkpoint_steps=10,
             steps_per_loop=5, eval_at_end=False)
-KILL_RUN_STEPS = 150  # Long enough that a kill at step 10 lands mid-run.
+KILL_RUN_STEPS = 150  # Long enough that a signal at step 10 lands mid-run.
 
 def _describe(config, info):
   """config.json's content for CONFIG on dataset INFO."""

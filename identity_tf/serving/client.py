@@ -215,11 +215,14 @@ def read_input(path, display_name=None):
           f"image")
     names = [f"{name}[{i}]" for i in range(array.shape[0])]
     return Input(name, "array", array.astype(np.float32), names)
-  if image_format(data) is None:
+  kind = image_format(data)
+  if kind is None:
     raise errors.ServingError(
         f"{name} is neither a JPEG/PNG image nor a .npy array; pass image "
         f"files or .npy arrays of raw 0-255 pixels")
-  size = declared_size(data)
+  # A GIF's blocks are walked once, for its size and its frames' pixels.
+  extent = gif_extent(data) if kind == "GIF" else None
+  size = extent[:2] if extent else declared_size(data)
   if size is not None and (max(size) > MAX_IMAGE_PIXELS or
                            size[0] * size[1] > MAX_IMAGE_PIXELS):
     # The model refuses it too, before decoding; not sent at all.
@@ -227,8 +230,8 @@ def read_input(path, display_name=None):
         f"{name} is {size[1]}x{size[0]} pixels (its header says so), more "
         f"than the {MAX_IMAGE_PIXELS} the served model decodes: resize it "
         "first")
-  if image_format(data) == "GIF":
-    _, _, pixels, complete = gif_extent(data)
+  if extent:
+    _, _, pixels, complete = extent
     if not complete or pixels > MAX_IMAGE_PIXELS:
       raise errors.ServingError(
           f"{name} is a GIF of more than {MAX_GIF_BLOCKS} blocks or "
@@ -318,8 +321,7 @@ def condense_error(message):
 
   The text of a failed assertion if there is one (the model's own message,
   e.g. "images[2] is not a decodable JPEG, PNG, GIF or BMP image ..."),
-  else the lines
-  that are not just the location of the failing op.
+  else the lines that are not just the location of the failing op.
   """
   match = _ASSERTION.search(message)
   if match:
