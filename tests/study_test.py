@@ -240,7 +240,9 @@ class PairedDifferenceTest(absltest.TestCase):
     self.assertIn("| against clip (paired by seed) |", rows[0])
     literal, clip, half = (row.strip("| ").split(" | ") for row in rows[2:])
     self.assertEqual(clip[4], "(reference)")
-    self.assertEqual(literal[4], "not compared (no seed in common)")
+    # literal diverged at the one seed clip finished: said, not "no seed".
+    self.assertEqual(literal[4], "not compared: diverged at seed 0 (NaN at "
+                     "step 160), where the reference finished")
     # half's seed 0: 85.00 against clip's 91.20.
     self.assertEqual(half[4], f"{85.00 - 91.20:+.2f} points (one seed)")
 
@@ -694,8 +696,17 @@ class ResultsTablesTest(absltest.TestCase):
         "tiny": {"title": "Tiny", "cpu": "none", "arms": [
             arm("ours", ours, {0: 0.13, 1: 0.12, 2: 0.11}),
             arm("theirs", theirs, {0: 0.12, 1: 0.125, 2: 0.115}),
-            {"name": "pending", "description": "", "runs": []}],
-                 "comparisons": [["ours", "theirs"]]},
+            {"name": "pending", "description": "", "runs": []},
+            # Diverged at seed 0 (of 0-2; and of 0 only): a paired
+            # difference must not drop that seed silently.
+            {"name": "broke", "description": "", "runs": [
+                {"seed": 0, "status": "diverged", "nan_step": 5,
+                 "final_top1": None}] + arm("b", ours, ours)["runs"][1:]},
+            {"name": "lost", "description": "", "runs": [
+                {"seed": 0, "status": "diverged", "nan_step": 24,
+                 "final_top1": None}]}],
+                 "comparisons": [["ours", "theirs"], ["broke", "theirs"],
+                                 ["lost", "theirs"], ["pending", "theirs"]]},
         # Another file's arm as the reference.
         "other": {"title": "Other", "cpu": "none", "arms": [
             {"name": "diverged", "description": "", "runs": [
@@ -726,6 +737,17 @@ class ResultsTablesTest(absltest.TestCase):
       self.assertEqual(rows[row][4], f"{100 * (centre - half):+.2f} to "
                                      f"{100 * (centre + half):+.2f}")
       self.assertTrue(rows[row][5].startswith("level with"), rows[row])
+    self.assertEqual(rows["broke - theirs"][1], "1, 2")
+    self.assertEqual(rows["broke - theirs"][2], "-0.17, +0.28")
+    self.assertTrue(rows["broke - theirs"][5].endswith(
+        "2 seeds); diverged at seed 0 (NaN at step 5), where the reference "
+        "finished"), rows["broke - theirs"])
+    # Rows without a pair leave their cells empty: whole lines here.
+    lines = result.stdout.splitlines()
+    self.assertIn("| lost - theirs | | | | | not compared: diverged at seed 0 "
+                  "(NaN at step 24), where the reference finished |  |", lines)
+    self.assertIn("| pending - theirs | | | | | not compared (no seed in "
+                  "common) |  |", lines)
     result = testing.run_binary("results_tables",
                                 f"--results_dir={results_dir}",
                                 "--files=tiny,absent")

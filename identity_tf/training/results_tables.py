@@ -77,6 +77,31 @@ def train_loss_by_seed(arm):
           if (run.get("train_set") or {}).get("loss") is not None}
 
 
+def diverged_note(arm, reference):
+  """'diverged at seed 0 (NaN at step 24), where the reference finished':
+  the seeds at which ARM diverged and REFERENCE (an arm) has a final test
+  top-1. A paired difference leaves those seeds out, so the words must say
+  so, or a divergence reads as a missing run; '' if there are none."""
+  finished = final_top1_by_seed(reference)
+  lost = [f"{run['seed']} (NaN at step {run.get('nan_step')})"
+          for run in arm["runs"]
+          if run.get("status") == "diverged" and run["seed"] in finished]
+  if not lost:
+    return ""
+  return (f"diverged at seed{'s' if len(lost) > 1 else ''} "
+          f"{', '.join(lost)}, where the reference finished")
+
+
+def in_words(difference, diverged=""):
+  """`statistics.wording` of a paired DIFFERENCE, with DIVERGED (a
+  `diverged_note`) after it; 'not compared: DIVERGED' when no seed pairs
+  because the arm diverged at them."""
+  if difference is None and diverged:
+    return "not compared: " + diverged
+  words = statistics.wording(difference)
+  return f"{words}; {diverged}" if diverged else words
+
+
 def _arm(files, reference, name):
   """The arm REFERENCE ("ARM", or "FILE:ARM" of another file) names, seen
   from file NAME."""
@@ -158,9 +183,9 @@ def comparison_row(files, name, arm_name, reference):
   difference = statistics.paired_difference(final_top1_by_seed(arm),
                                             final_top1_by_seed(base))
   loss = _loss_difference(arm, base)
+  words = in_words(difference, diverged_note(arm, base))
   if difference is None:
-    return (f"| {arm_name} - {reference} | | | | | "
-            f"{statistics.wording(difference)} | {loss} |")
+    return f"| {arm_name} - {reference} | | | | | {words} | {loss} |"
   seeds = ", ".join(str(seed) for seed in difference["seeds"])
   each = ", ".join(f"{100 * d:+.2f}" for d in difference["differences"])
   spread = ("" if difference["std"] is None
@@ -169,7 +194,7 @@ def comparison_row(files, name, arm_name, reference):
               " to ".join(f"{100 * v:+.2f}" for v in difference["interval"]))
   return (f"| {arm_name} - {reference} | {seeds} | {each} | "
           f"{100 * difference['mean']:+.2f}{spread} | {interval} | "
-          f"{statistics.wording(difference)} | {loss} |")
+          f"{words} | {loss} |")
 
 
 def file_tables(files, name):

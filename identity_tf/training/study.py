@@ -455,11 +455,15 @@ def compare(results, reference):
           for name, arm in arms.items() if name != reference}
 
 
-def _against(arm, reference):
-  """The table's cell: ARM's final top-1 minus REFERENCE's, in words."""
+def _against(arm, reference, arms):
+  """The table's cell: ARM's final top-1 minus REFERENCE's, in words, and
+  the seeds at which ARM diverged where REFERENCE (of ARMS, by name)
+  finished."""
   if arm["name"] == reference:
     return "(reference)"
-  return statistics.wording(arm.get("against_reference"))
+  diverged = (results_tables.diverged_note(arm, arms[reference])
+              if reference in arms else "")
+  return results_tables.in_words(arm.get("against_reference"), diverged)
 
 
 def markdown_table(results):
@@ -478,6 +482,7 @@ def markdown_table(results):
       "|---|---|---|---|" + ("---|" if reference else "")
       + "---|---|---|---|---|---|---|---|",
   ]
+  arms = {arm["name"]: arm for arm in results["arms"]}
   for arm in results["arms"]:
     runs = arm["runs"]
     nan = [str(r["nan_step"]) for r in runs if r["status"] == "diverged"]
@@ -497,7 +502,7 @@ def markdown_table(results):
         f"| {arm['name']} | {arm['description']} | "
         f"{', '.join(str(r['seed']) for r in runs)} | "
         f"{_summary([r['final_top1'] for r in runs])} | "
-        + (f"{_against(arm, reference)} | " if reference else "")
+        + (f"{_against(arm, reference, arms)} | " if reference else "")
         + f"{_summary([r['best_top1'] for r in runs])} | "
         f"{_training_set(runs, 'loss')} | {_training_set(runs, 'top1')} | "
         f"{', '.join(nan) or 'none'} | {wall} | {rates} | " + " | ".join(
