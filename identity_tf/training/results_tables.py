@@ -7,7 +7,8 @@ becomes a markdown table, one row per arm: its seeds, its final test top-1
 seed) and its training-set loss; then one row per comparison the file
 names: the per-seed differences to the reference arm ("ARM" of the same
 file or "FILE:ARM" of another), their mean, the 95 % Student's t interval
-and the words that interval allows, and the same difference of the
+and the words that interval allows (naming the seeds the arm diverged at,
+which no difference can pair), and the same difference of the
 training-set loss where both arms have it (`statistics`). A study's own
 results.json (`study.collect`) reads the same way. Pure Python.
 
