@@ -15,7 +15,10 @@ and best test top-1, NaN steps, wall time per configuration) and curves.png,
 of every run started there: a command for one more seed or arm adds it to
 the report.
 Progress goes to stderr; the paths of the report to stdout. The studies are
-in identity_tf/configs.py (STUDIES); docs/results.md has the published one.
+in identity_tf/studies.py (STUDIES); docs/results.md has the published ones.
+A study that holds out training images scores every run on them each epoch
+and reads the test split once, at the end, or not at all (the study says
+which); its runs are --deterministic unless --nodeterministic.
 """
 
 import os
@@ -31,9 +34,10 @@ from absl import flags
 
 from identity_tf.commands import cli
 from identity_tf import configs
+from identity_tf import studies
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("study", None, sorted(configs.STUDIES), "The study to run.")
+flags.DEFINE_enum("study", None, sorted(studies.STUDIES), "The study to run.")
 cli.define_dataset("fashion_mnist", "Every run's, prepared in --data_dir.")
 cli.define_data_dir()
 flags.DEFINE_float("epochs", 10.0, "Budget of every run, in epochs.",
@@ -55,6 +59,9 @@ flags.DEFINE_multi_float("top1_levels", None, "Test top-1 levels (0 to 1) "
                          "baseline's final accuracy (default: 0.85, 0.9 and "
                          "0.92); repeat the flag for more.", lower_bound=0,
                          upper_bound=1)
+flags.DEFINE_boolean("deterministic", None, "Every run's: "
+                     f"{cli.config_help('deterministic')} Default: the "
+                     "study's (on for the studies that hold out images).")
 flags.DEFINE_boolean("report_only", False, "Write the report from the runs "
                      "started in --output_dir; train nothing.")
 flags.mark_flag_as_required("study")
@@ -73,6 +80,7 @@ def main(argv):
         data_dir=cli.path(FLAGS.data_dir), width=FLAGS.width,
         precision=FLAGS.precision,
         arms=FLAGS.arms, seeds=FLAGS.seeds or None,
+        deterministic=FLAGS.deterministic,
         report_only=FLAGS.report_only, top1_levels=FLAGS.top1_levels)
 
 

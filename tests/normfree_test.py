@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from identity_tf import configs
 from identity_tf import layers
+from identity_tf import studies
 from identity_tf import model as model_lib
 from identity_tf.peers import fixup
 from identity_tf.data import datasets
@@ -358,14 +359,14 @@ class RecipeTest(absltest.TestCase):
 
   def test_presets_cite_recipes_and_scale_with_the_study(self):
     fixup_run = study.run_config(
-        study.configs.STUDIES["normfree"].arms[0], 0, dataset="synthetic",
+        studies.STUDIES["normfree"].arms[0], 0, dataset="synthetic",
         epochs=10, num_train_examples=6400)
     # 500 steps; Fixup's drops at 1/2 and 3/4 of its 200 epochs.
     self.assertEqual(fixup_run.train_steps, 500)
     self.assertEqual(fixup_run.lr_boundaries, (250, 375))
     self.assertTrue(fixup_run.eval_train_at_end)
     nf = study.run_config(
-        next(a for a in study.configs.STUDIES["normfree"].arms
+        next(a for a in studies.STUDIES["normfree"].arms
              if a.name == "nf_resnet"), 0, dataset="synthetic", epochs=9,
         num_train_examples=6400)
     # A 5-epoch warm-up of 90 keeps its share: 450 * 5 / 90 = 25 steps.
@@ -423,7 +424,7 @@ class RecipeTest(absltest.TestCase):
     # Each arm's run differs from the preset's run in the fields its
     # description names, with the paper's value there.
     def run(arm_name):
-      [arm] = study.arms_named(study.configs.STUDIES["ablation"], [arm_name])
+      [arm] = study.arms_named(studies.STUDIES["ablation"], [arm_name])
       return study.run_config(arm, 0, dataset="fashion_mnist", epochs=10,
                               num_train_examples=60_000)
     preset, paper = run("cifar10_ws"), configs.PRESETS["cifar10_paper"]

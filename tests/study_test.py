@@ -16,18 +16,19 @@ from absl.testing import absltest
 
 from identity_tf import configs
 from identity_tf import errors
+from identity_tf import studies
 from identity_tf.training import metrics
 from identity_tf.training import results_tables
 from identity_tf.training import study
 import testing
 
 _TINY = (("width", 0.0625), ("batch_size", 32), ("num_eval_examples", 64))
-TINY_STUDY = configs.Study(
+TINY_STUDY = studies.Study(
     "tiny", "two arms of the smoke preset",
     arms=(
-        configs.Arm("smoke", "smoke", _TINY, description="as it is"),
+        studies.Arm("smoke", "smoke", _TINY, description="as it is"),
         # A rate that diverges at once: exp(5) times the smoke preset's.
-        configs.Arm("huge/lr", "smoke", _TINY + (("learning_rate", 1.5),),
+        studies.Arm("huge/lr", "smoke", _TINY + (("learning_rate", 1.5),),
                     description="diverges"),
     ))
 
@@ -408,7 +409,7 @@ class SettingsTest(absltest.TestCase):
 class RunConfigTest(absltest.TestCase):
 
   def test_a_budget_too_short_for_the_drops_names_epochs(self):
-    arm = configs.Arm("clip", "cifar10_paper", ())
+    arm = studies.Arm("clip", "cifar10_paper", ())
     # 10,000 examples in batches of 128: 78.125 steps an epoch. The drops at
     # 30k and 50k of 70k steps: 3/7 and 5/7 of the budget, which round to
     # the same step below 5 steps (2 steps: 0.857 and 1.43 both give 1).
@@ -424,7 +425,7 @@ class RunConfigTest(absltest.TestCase):
         num_train_examples=10_000).lr_boundaries, (2, 3))
 
   def test_the_budget_scales_the_schedule(self):
-    arm = configs.Arm("clip", "cifar10_paper_literal",
+    arm = studies.Arm("clip", "cifar10_paper_literal",
                       (("grad_clip_norm", 1.0),))
     config = study.run_config(arm, 2, dataset="fashion_mnist", epochs=10,
                               num_train_examples=60_000, width=0.25)
@@ -440,8 +441,8 @@ class RunConfigTest(absltest.TestCase):
     self.assertEqual(config.learning_rate, 0.05)  # The preset's own.
 
   def test_precision_applies_to_every_arm_that_does_not_set_its_own(self):
-    keeps = configs.Arm("clip", "cifar10_paper", ())
-    own = configs.Arm("clip_bf16", "cifar10_paper",
+    keeps = studies.Arm("clip", "cifar10_paper", ())
+    own = studies.Arm("clip_bf16", "cifar10_paper",
                       (("precision", "mixed_float16"),))
     def precision(arm, value):
       return study.run_config(arm, 0, dataset="fashion_mnist", epochs=1,
@@ -455,7 +456,7 @@ class RunConfigTest(absltest.TestCase):
   def test_every_arm_of_every_study_is_a_valid_run(self):
     # An arm is only built when its study runs: a misspelt field or a bad
     # value would otherwise surface hours into a queue of runs.
-    for name, each in configs.STUDIES.items():
+    for name, each in studies.STUDIES.items():
       names = [arm.name for arm in each.arms]
       self.assertCountEqual(names, set(names), name)
       for arm in each.arms:
@@ -636,7 +637,7 @@ class RunStudyTest(absltest.TestCase):
       self.assertEqual(testing.last_stderr_line(result), line)
     # A run of another network where an arm's run belongs (an arm
     # redefined since it started) is refused before anything trains.
-    [arm] = study.arms_named(configs.STUDIES["smoke"], ["lr_x10_clip"])
+    [arm] = study.arms_named(studies.STUDIES["smoke"], ["lr_x10_clip"])
     other = configs.override(
         study.run_config(arm, 0, dataset="synthetic", epochs=0.2,
                          num_train_examples=10_000), init="fixup")

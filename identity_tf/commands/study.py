@@ -6,8 +6,8 @@ before hours of training, progress on stderr, the report's paths on stdout,
 and SIGTERM or Ctrl-C turned into one line and the signal's exit status.
 """
 
-from identity_tf import configs
 from identity_tf import files
+from identity_tf import studies
 from identity_tf.commands import cli
 from identity_tf.training import preemption
 from identity_tf.training import study as study_lib
@@ -15,9 +15,9 @@ from identity_tf.training import study as study_lib
 
 def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
                   width=None, precision=None, arms=None, seeds=None,
-                  report_only=False, top1_levels=None,
+                  deterministic=None, report_only=False, top1_levels=None,
                   echo=cli.print_stderr, result=print):
-  """Trains the runs of study NAME (`configs.STUDIES`) that have not
+  """Trains the runs of study NAME (`studies.STUDIES`) that have not
   finished -- none with REPORT_ONLY -- and writes the report into
   OUTPUT_DIR (`study.report`, with the minutes to each test top-1 level
   of TOP1_LEVELS, None: `study.TOP1_LEVELS`), whose paths go to RESULT.
@@ -26,7 +26,7 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
   the study with one line and the signal's exit status once the current run
   has written a checkpoint: the same command resumes it.
   """
-  study = configs.STUDIES[name]
+  study = studies.STUDIES[name]
   top1_levels = top1_levels or study_lib.TOP1_LEVELS
   files.prepare_output_dir(output_dir)  # Before hours of training, not after.
   try:
@@ -37,7 +37,8 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
       results = study_lib.run_study(
           study, output_dir, dataset=dataset, epochs=epochs,
           data_dir=data_dir, width=width, precision=precision, arms=arms,
-          seeds=seeds, top1_levels=top1_levels, echo=echo)
+          seeds=seeds, deterministic=deterministic, top1_levels=top1_levels,
+          echo=echo)
   except preemption.PreemptedError as e:
     cli.exit_with(f"study stopped: {e}", e.exit_code)
   for path in study_lib.report(results, output_dir, dataset=dataset,

@@ -23,11 +23,16 @@ each crop.
 """
 
 import dataclasses
+import hashlib
 
 from identity_tf import errors
 
 # The one dataset that is not TFDS's: generated in process (`synthetic_arrays`).
 SYNTHETIC = "synthetic"
+# Seeds the choice of the training images held out for validation
+# (`held_out`): fixed, so that every run and every --seed holds out the
+# same images and a selection made on them holds for all.
+VALIDATION_SEED = 2017
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,3 +422,23 @@ def check_preprocessing(preprocessing):
         f"preprocessing must be a datasets.Preprocessing (from "
         f"preprocessing_config(), or Preprocessing.from_dict() of a stored "
         f"dict), got {type(preprocessing).__name__}")
+
+
+def held_out(size, count):
+  """The COUNT of SIZE training examples held out for validation
+  (--validation_examples), and the rest: (held-out indices, training
+  indices), each sorted.
+
+  The held-out ones are those whose keys sha256("VALIDATION_SEED:index")
+  are the COUNT smallest: a uniform random choice, fixed by the seed, that
+  no NumPy or Python version changes. DataError unless 0 <= COUNT < SIZE.
+  """
+  if not 0 <= count < size:
+    raise errors.DataError(
+        f"--validation_examples={count} must be below the {size} examples "
+        "of the training split: lower it")
+  def key(index):
+    return hashlib.sha256(f"{VALIDATION_SEED}:{index}".encode()).digest()
+  validation = sorted(sorted(range(size), key=key)[:count])
+  chosen = set(validation)
+  return validation, [i for i in range(size) if i not in chosen]

@@ -180,7 +180,8 @@ def _streaming_dataset(builder, split, batch_size, preprocessing, *,
 
 def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
                   deterministic=False, input_context=None,
-                  num_examples=None, preprocessing=None, start_step=0):
+                  num_examples=None, preprocessing=None, start_step=0,
+                  validation_examples=0, held_out=False):
   """The input pipeline of dataset NAME, split SPLIT.
 
   Args:
@@ -201,7 +202,8 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
       Evaluation pipelines are always deterministic.
     input_context: a `tf.distribute.InputContext` (from
       `distribute_datasets_from_function`); the pipeline reads only its shard.
-    num_examples: use only the first NUM_EXAMPLES examples of the split.
+    num_examples: use only the first NUM_EXAMPLES examples of the split
+      (of its part that VALIDATION_EXAMPLES leaves, if set).
     preprocessing: a `datasets.Preprocessing`: a run's
       (`run.Run.preprocessing`, for the network's input size), which is
       what training, evaluation and the benchmark pass. None: the
@@ -213,6 +215,11 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
       distributed iterators cannot be checkpointed. Free for in-memory
       ("cifar") datasets; streamed ones re-read (without decoding) the
       skipped examples.
+    validation_examples: hold out this many examples of SPLIT
+      (`datasets.held_out`: the same for every seed): the pipeline reads the
+      rest, or with HELD_OUT only them. In-memory ("cifar") datasets only.
+    held_out: read the held-out examples (a validation set) instead of the
+      rest.
 
   Returns:
     A `tf.data.Dataset` of (images float32 [batch_size, S, S, 3], labels
@@ -227,7 +234,8 @@ def build_dataset(name, split, batch_size, *, training, data_dir=None, seed=0,
   # Data loading runs eagerly even when called while tracing a tf.function
   # (as ParameterServerStrategy does with per-worker datasets).
   with tf.init_scope():
-    source = _read_split(name, split, data_dir, num_examples, preprocessing)
+    source = _read_split(name, split, data_dir, num_examples, preprocessing,
+                         validation_examples, held_out)
   if source.preprocessing.kind == "cifar":
     ds = _in_memory_dataset(source.images, source.labels, batch_size,
                             source.preprocessing, training=training,
@@ -275,10 +283,13 @@ class _Split:
   labels: np.ndarray = None
 
 
-def _read_split(name, split, data_dir, num_examples, preprocessing):
+def _read_split(name, split, data_dir, num_examples, preprocessing,
+                validation_examples=0, held_out=False):
   """The `_Split` of dataset NAME: its first NUM_EXAMPLES (None: all) of
   SPLIT with PREPROCESSING (None: the dataset's own at its native size),
-  checked to fit its images."""
+  checked to fit its images; with VALIDATION_EXAMPLES, of the examples
+  `datasets.held_out` leaves for training (HELD_OUT: of those it holds
+  out)."""
   if name == datasets.SYNTHETIC:
     info, builder = datasets.synthetic_info(), None
     if split not in (info.train_split, info.eval_split):
@@ -292,12 +303,29 @@ def _read_split(name, split, data_dir, num_examples, preprocessing):
     size = builder.info.splits[split].num_examples
   preprocessing = preprocessing or datasets.preprocessing_config(info)
   datasets.check_fits(preprocessing, info)
+  if validation_examples:
+    if preprocessing.kind != "cifar":
+      raise errors.DataError(
+          f"--validation_examples holds out images of datasets held in "
+          f"memory (fixed-size images up to the network's input); "
+          f"{name}'s are streamed: hold out a split with TFDS's split "
+          "slicing instead, or leave --validation_examples at 0")
+    validation, training = datasets.held_out(size, validation_examples)
+    chosen = np.asarray(validation if held_out else training, np.int64)
+    chosen = chosen[:num_examples]
+    images, labels = _arrays(builder, split, size, info)
+    return _Split(preprocessing, len(chosen), builder, info.jpeg,
+                  images[chosen], labels[chosen])
   stop = size if num_examples is None else min(num_examples, size)
   if preprocessing.kind != "cifar":
     return _Split(preprocessing, stop, builder, jpeg=info.jpeg)
-  if builder is None:
-    images, labels = (a[:stop] for a in synthetic.arrays(split))
-  else:
-    images, labels = tfds_data.tfds_arrays(builder, split, stop,
-                                           info.image_shape)
+  images, labels = _arrays(builder, split, stop, info)
   return _Split(preprocessing, stop, builder, info.jpeg, images, labels)
+
+
+def _arrays(builder, split, stop, info):
+  """The first STOP images and labels of SPLIT, in memory: the synthetic
+  dataset's (BUILDER None) or TFDS's."""
+  if builder is None:
+    return tuple(a[:stop] for a in synthetic.arrays(split))
+  return tfds_data.tfds_arrays(builder, split, stop, info.image_shape)

@@ -289,14 +289,16 @@ def network_changes(model_dir, config):
   """["name (old -> new)"] of each setting CONFIG changes that the run in
   MODEL_DIR cannot continue with ([] if there is no run there).
 
-  A different network (`configs.MODEL_FIELDS`) or batch size (the input
-  position is counted in batches) cannot continue; the optimisation may
+  A different network (`configs.MODEL_FIELDS`), batch size (the input
+  position is counted in batches) or set of held-out examples
+  (--validation_examples: the examples trained on) cannot continue; the optimisation may
   change (learning rate, schedule, train steps: they take effect on resume).
   """
   old = stored_config(model_dir)
   if old is None:
     return []
-  changed = _differences(old, config, configs.MODEL_FIELDS + ("batch_size",))
+  changed = _differences(old, config, configs.MODEL_FIELDS +
+                         ("batch_size", "validation_examples"))
   # Loss scaling adds the scale to the optimizer's checkpoint: a run goes
   # in or out of mixed_float16 only from a new model_dir (float32 and
   # mixed_bfloat16 hold the same variables and may be switched).

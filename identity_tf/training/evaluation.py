@@ -21,7 +21,8 @@ from identity_tf.training import run as run_lib
 
 
 def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
-                   batch_size=500, num_examples=None, split=None):
+                   batch_size=500, num_examples=None, split=None,
+                   validation_examples=0, held_out=False):
   """A function () -> `evaluate`'s result for MODEL's current weights.
 
   Evaluates on the held-out split of DATASET (as --dataset names it), which
@@ -29,7 +30,9 @@ def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
   (`run.Run.preprocessing`), or `datasets.preprocessing_config` of another
   dataset for the run's input size. SPLIT (e.g. info.train_split) replaces
   the held-out split: every example once, without augmentation, as the
-  evaluation reads its own. The pipeline is built once (for an in-memory
+  evaluation reads its own; VALIDATION_EXAMPLES and HELD_OUT choose the
+  examples of it held out for validation or the rest, as
+  `pipeline.build_dataset` does. The pipeline is built once (for an in-memory
   dataset: read once), so a training run can evaluate every few steps
   cheaply.
   """
@@ -39,7 +42,8 @@ def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
                            "split to evaluate on")
   ds = pipeline.build_dataset(
       dataset, split, batch_size, training=False, data_dir=data_dir,
-      num_examples=num_examples, preprocessing=preprocessing)
+      num_examples=num_examples, preprocessing=preprocessing,
+      validation_examples=validation_examples, held_out=held_out)
   top_k = min(5, info.num_classes)
 
   @tf.function

@@ -29,6 +29,9 @@ EVAL_DIR = "eval"
 EVAL_SCALARS = ("loss", "top1", "top5")
 # The record of the evaluation on the whole training split at a run's end.
 TRAIN_EVAL = "train_eval"
+# The record of an evaluation on the training examples held out for
+# validation (--validation_examples), and its TensorBoard directory.
+VALIDATION = "validation"
 # The "source" of the records //bin:evaluate adds to a run's metrics.jsonl:
 # not the run's own evaluations, and no training time.
 EVALUATE_SOURCE = "evaluate"
@@ -128,6 +131,16 @@ class MetricsWriter:
     self._write(record, EVAL_DIR,
                 {name: metrics[name] for name in EVAL_SCALARS}, step)
 
+  def validation(self, step, metrics):
+    """METRICS of the model at STEP on the training examples held out for
+    validation: a "validation" record, and TensorBoard scalars in
+    MODEL_DIR/validation (beside eval/, the evaluation split's)."""
+    record = {"step": step, VALIDATION: {
+        name: value if isinstance(value, int) else round_value(value)
+        for name, value in metrics.items()}}
+    self._write(record, VALIDATION,
+                {name: metrics[name] for name in EVAL_SCALARS}, step)
+
   def training_set_evaluation(self, step, metrics):
     """METRICS of the model at STEP on the whole training split
     (`trainer.Trainer.evaluate_training_set`): a "train_eval" record, and
@@ -162,7 +175,8 @@ def progress_line(record, diagnostics=False):
   gradient norm and update ratio, each watched activation's RMS and the
   loss scale) when DIAGNOSTICS.
   """
-  for key, name in (("eval", "eval"), (TRAIN_EVAL, "training-set eval")):
+  for key, name in (("eval", "eval"), (VALIDATION, "validation"),
+                    (TRAIN_EVAL, "training-set eval")):
     if key in record:
       scores = record[key]
       return (f"step {record['step']} {name}: top-1 "
@@ -254,7 +268,7 @@ _FIELD_KINDS = {
     "time": lambda v: _number(v) and np.isfinite(v), "loss": _number, "top1": _number, "lr": _number,
     "images_per_second": _number, "train_steps": _integer,
     "nan_step": lambda v: v is None or _integer(v),
-    "eval": _scores, TRAIN_EVAL: _scores,
+    "eval": _scores, TRAIN_EVAL: _scores, VALIDATION: _scores,
     "start": lambda v: isinstance(v, bool),
     "done": lambda v: isinstance(v, bool),
     "diverged": lambda v: isinstance(v, bool),
@@ -350,6 +364,12 @@ def evaluation_curve(records, name="top1"):
   dataset)."""
   return _curve(records, lambda r: None if _from_evaluate(r)
                 else r.get("eval", {}).get(name))
+
+
+def validation_curve(records, name="top1"):
+  """Score NAME of each evaluation on the held-out training examples in
+  RECORDS (--validation_examples), by step."""
+  return _curve(records, lambda r: r.get(VALIDATION, {}).get(name))
 
 
 def time_to_levels(records, levels):

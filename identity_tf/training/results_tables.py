@@ -93,13 +93,15 @@ def diverged_note(arm, reference):
           f"{', '.join(lost)}, where the reference finished")
 
 
-def in_words(difference, diverged=""):
-  """`statistics.wording` of a paired DIFFERENCE, with DIVERGED (a
-  `diverged_note`) after it; 'not compared: DIVERGED' when no seed pairs
-  because the arm diverged at them."""
+def in_words(difference, diverged="", margin=None):
+  """`statistics.wording` of a paired DIFFERENCE (with a MARGIN, a fraction
+  of top-1 stated before the runs: `statistics.equivalence_wording`), with
+  DIVERGED (a `diverged_note`) after it; 'not compared: DIVERGED' when no
+  seed pairs because the arm diverged at them."""
   if difference is None and diverged:
     return "not compared: " + diverged
-  words = statistics.wording(difference)
+  words = (statistics.equivalence_wording(difference, margin) if margin
+           else statistics.wording(difference))
   return f"{words}; {diverged}" if diverged else words
 
 
@@ -184,7 +186,8 @@ def comparison_row(files, name, arm_name, reference):
   difference = statistics.paired_difference(final_top1_by_seed(arm),
                                             final_top1_by_seed(base))
   loss = _loss_difference(arm, base)
-  words = in_words(difference, diverged_note(arm, base))
+  words = in_words(difference, diverged_note(arm, base),
+                   files[name].get("margin"))
   if difference is None:
     return f"| {arm_name} - {reference} | | | | | {words} | {loss} |"
   seeds = ", ".join(str(seed) for seed in difference["seeds"])

@@ -136,9 +136,10 @@ def prepare(config, dataset, model_dir, data_dir=None, replicas=1):
         f"--batch_size={config.batch_size} must be a multiple "
         f"of the {replicas} replicas of --strategy="
         f"{config.strategy}")
-  # The input pipeline refuses this too, but only once the data is read:
+  # The input pipeline refuses these too, but only once the data is read:
   # checked here, a dry run says it as the real run would.
-  examples = config.num_train_examples or dataset.num_train_examples
+  _check_validation_examples(config, dataset)
+  examples = training_examples(config, dataset.num_train_examples)
   if examples and examples < config.batch_size:
     raise errors.ConfigError(
         f"--batch_size={config.batch_size} is more than the {examples} "
@@ -201,25 +202,62 @@ def _recorded_statistics(config, dataset, model_dir, size):
 
 def _training_statistics(config, dataset, data_dir):
   """`datasets.rgb_statistics` of CONFIG's training images: the first
-  --num_train_examples (all if unset) of DATASET's training split."""
+  --num_train_examples (all if unset) of DATASET's training split, of
+  those --validation_examples leaves (`datasets.held_out`)."""
+  held_out = config.validation_examples
+  first = None if held_out else config.num_train_examples
   # pylint: disable=g-import-not-at-top
   if config.dataset == datasets.SYNTHETIC:  # NumPy's: no TensorFlow.
     from identity_tf.data import synthetic
-    images = synthetic.arrays(dataset.train_split)[0][
-        :config.num_train_examples]
+    images = synthetic.arrays(dataset.train_split)[0][:first]
   else:  # Reading a TFDS split takes TensorFlow: imported only here.
     from identity_tf.data import tfds_data
     images, _, _ = tfds_data.load_arrays(config.dataset, dataset.train_split,
-                                         data_dir, config.num_train_examples)
+                                         data_dir, first)
   # pylint: enable=g-import-not-at-top
+  if held_out:
+    _, training = datasets.held_out(len(images), held_out)
+    images = images[training[:config.num_train_examples]]
   return datasets.rgb_statistics(images)
 
 
+def training_examples(config, num_train_examples):
+  """How many examples CONFIG trains on: its --num_train_examples if set,
+  else NUM_TRAIN_EXAMPLES (the dataset's training split); with
+  --validation_examples, of the split less those held out. None if
+  unknown."""
+  if not config.validation_examples:
+    return config.num_train_examples or num_train_examples
+  if num_train_examples is None:
+    return None
+  left = num_train_examples - config.validation_examples
+  return min(left, config.num_train_examples or left)
+
+
+def _check_validation_examples(config, dataset):
+  """ConfigError if --validation_examples cannot be held out of DATASET:
+  as many as its training split, or images that are streamed."""
+  count = config.validation_examples
+  if not count:
+    return
+  size = dataset.num_train_examples
+  if size is not None and count >= size:
+    raise errors.ConfigError(
+        f"--validation_examples={count} leaves nothing to train on: "
+        f"{config.dataset}'s training split has {size} examples; lower it")
+  if datasets.preprocessing_kind(
+      dataset, architectures.input_size(config.model)) != "cifar":
+    raise errors.ConfigError(
+        f"--validation_examples holds out images of datasets held in "
+        f"memory (fixed-size images up to the network's input); "
+        f"{config.dataset}'s are streamed: leave it at 0")
+
+
 def steps_per_epoch(config, num_train_examples):
-  """Steps per pass over CONFIG's training examples: its
-  --num_train_examples if set, else NUM_TRAIN_EXAMPLES (the dataset's
-  training split), over the global batch; None if neither is known."""
-  examples = config.num_train_examples or num_train_examples
+  """Steps per pass over CONFIG's training examples (`training_examples`
+  of NUM_TRAIN_EXAMPLES, the dataset's training split) over the global
+  batch; None if their count is not known."""
+  examples = training_examples(config, num_train_examples)
   return examples / config.batch_size if examples else None
 
 

@@ -5,7 +5,10 @@ with the same seeds share their data order and, where their networks
 match, their initial draw, so they are compared by the per-seed
 differences: their mean with a 95 % Student's t interval (Student, 1908),
 and the words the interval allows ("ahead by", "behind by", "level with").
-Pure Python: the t quantile is computed here, from the closed form of the
+Whether two arms are the same within a margin stated in advance is an
+equivalence test: two one-sided t tests at 5 % (Schuirmann, 1987), i.e. the
+90 % interval of the paired difference inside (-margin, +margin)
+(`equivalence`). Pure Python: the t quantile is computed here, from the closed form of the
 t distribution's CDF for an integer number of degrees of freedom
 (Abramowitz & Stegun, 1964, 26.7.3-26.7.4), not taken from a table.
 """
@@ -15,6 +18,9 @@ import math
 # Two-sided: the interval that holds the true mean difference with this
 # probability under the t model.
 CONFIDENCE = 0.95
+# The level of each one-sided test of `equivalence`: together, the 90 %
+# interval (1 - 2 alpha) inside the margin.
+EQUIVALENCE_ALPHA = 0.05
 
 
 def mean(values):
@@ -95,6 +101,48 @@ def paired_difference(values, reference):
           "std": spread, "half_width": half,
           "interval": None if half is None else [centre - half,
                                                  centre + half]}
+
+
+def equivalence(difference, margin, alpha=EQUIVALENCE_ALPHA):
+  """Two one-sided t tests (TOST: Schuirmann, 1987) of whether the mean of
+  a `paired_difference` lies within (-MARGIN, +MARGIN).
+
+  With mean m, sample std s of the n differences and se = s / sqrt(n), the
+  tests of H0: mu <= -margin and H0: mu >= +margin have t statistics
+  (m + margin) / se and (m - margin) / se on n - 1 degrees of freedom;
+  both rejected at level ALPHA is the same as the (1 - 2 ALPHA) interval
+  m -+ t(1 - ALPHA, n - 1) se lying inside the margin. Returns {"margin",
+  "alpha", "interval" (that interval), "p_value" (the larger one-sided
+  p), "equivalent"}; None for fewer than two seeds (no test) or no
+  difference.
+  """
+  if difference is None or difference["std"] is None:
+    return None
+  n, centre = len(difference["seeds"]), difference["mean"]
+  se = difference["std"] / math.sqrt(n)
+  half = t_quantile(1 - alpha, n - 1) * se
+  if se == 0:  # Every seed the same difference: no spread to test.
+    p_value = 0.0 if abs(centre) < margin else 1.0
+  else:
+    p_value = max(1 - t_cdf((centre + margin) / se, n - 1),
+                  t_cdf((centre - margin) / se, n - 1))
+  return {"margin": margin, "alpha": alpha,
+          "interval": [centre - half, centre + half], "p_value": p_value,
+          "equivalent": p_value < alpha}
+
+
+def equivalence_wording(difference, margin, scale=100, unit="point"):
+  """"equivalent within 0.5 point (90 % interval -0.21 to +0.30, 5
+  seeds)" where `equivalence` finds it, else what `wording` (the 95 %
+  interval) allows, with the margin it was not shown within."""
+  test = equivalence(difference, margin)
+  if test is None or not test["equivalent"]:
+    text = wording(difference, scale, unit)
+    return (text if test is None else
+            f"{text}; not shown equivalent within {scale * margin:g} {unit}")
+  low, high = (scale * v for v in test["interval"])
+  return (f"equivalent within {scale * margin:g} {unit} (90 % interval "
+          f"{low:+.2f} to {high:+.2f}, {len(difference['seeds'])} seeds)")
 
 
 def wording(difference, scale=100, unit="point"):

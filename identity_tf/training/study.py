@@ -1,6 +1,6 @@
 """Studies: a grid of training configurations x seeds, run and compared.
 
-A study (`configs.STUDIES`) names arms: a preset plus overrides, each run
+A study (`studies.STUDIES`) names arms: a preset plus overrides, each run
 for its seeds. `run_study` trains every run of the grid on one dataset for a
 budget in epochs, one after the other, each in its own model_dir
 (OUTPUT_DIR/<arm>/seed<k>), so that re-running the same command resumes an
@@ -12,6 +12,13 @@ curves -- and `write_report` turns it into results.json,
 results.md (a markdown table) and curves.png (training loss and test top-1
 against the step, one line per arm), given the settings it ran with
 (`report`). //bin:study's orchestration is `commands.study`.
+
+A study that holds out training images (`studies.Study.validation_examples`)
+evaluates every run on them once per epoch and reads the test split once,
+at the end, or never (`Study.test_at_end`); its report names each
+preset's best arm by final validation top-1 where the study selects, and
+with a margin the equivalence test of every arm against the reference.
+Every number in results.json names its split (`SPLITS`).
 
 The budget scales the presets' schedules: with T = epochs x steps per epoch
 and T0 the preset's train_steps, every learning-rate boundary b becomes
@@ -31,6 +38,7 @@ import numpy as np
 from identity_tf import configs
 from identity_tf import errors
 from identity_tf import files
+from identity_tf.data import datasets
 from identity_tf.training import results_tables
 from identity_tf.training import run as run_lib
 from identity_tf.training import statistics
@@ -54,23 +62,30 @@ def model_dir_of(output_dir, arm, seed):
 
 
 def run_config(arm, seed, *, dataset, epochs, num_train_examples,
-               width=None, precision=None):
+               width=None, precision=None, validation_examples=0,
+               test_at_end=True, deterministic=False):
   """The `configs.Config` of ARM's run with SEED on DATASET for EPOCHS.
 
   The learning-rate boundaries (the preset's, or the arm's where it sets
   them, both steps of the preset's train_steps) and the preset's warm-up are
   scaled to the budget; the run evaluates and checkpoints once per epoch,
   and on the whole training split at the end (of NUM_TRAIN_EXAMPLES, the
-  dataset's, as `run.steps_per_epoch` counts it for the run). WIDTH and
+  dataset's, as `run.steps_per_epoch` counts it for the run, held-out
+  images apart). WIDTH and
   PRECISION None keep the preset's. The arm's other overrides come last:
   they win (the `precision` study's arms keep their precisions; a warm-up
-  an arm sets is in steps of the run).
+  an arm sets is in steps of the run, its warmup_fraction a share of
+  them). VALIDATION_EXAMPLES training images are held out and evaluated
+  every epoch, the test split at the end only with TEST_AT_END (without
+  held-out images, every epoch as before); DETERMINISTIC: op-deterministic
+  and in a fixed order.
   """
   base = configs.PRESETS[arm.preset]
   arm_overrides = dict(arm.overrides)
-  config = configs.override(base, **{"dataset": dataset, "seed": seed,
-                                     "width": width, "precision": precision,
-                                     **arm_overrides})
+  config = configs.override(base, **{
+      "dataset": dataset, "seed": seed, "width": width,
+      "precision": precision, "validation_examples": validation_examples,
+      "deterministic": deterministic, **arm_overrides})
   # The arm's recipe at the preset's budget, whose schedule is scaled.
   recipe = dataclasses.replace(base, lr_boundaries=config.lr_boundaries)
   steps_per_epoch = run_lib.steps_per_epoch(config, num_train_examples)
@@ -91,13 +106,16 @@ def run_config(arm, seed, *, dataset, epochs, num_train_examples,
   # A preset's warm-up keeps its share of the budget, as its boundaries do.
   warmup = (max(1, round(base.warmup_steps * steps / base.train_steps))
             if base.warmup_steps else 0)
+  if arm.warmup_fraction:
+    warmup = max(1, round(arm.warmup_fraction * steps))
   arm_overrides.pop("lr_boundaries", None)
   return configs.override(config, **{
       "train_steps": steps, "lr_boundaries": boundaries,
       "warmup_steps": warmup, "eval_train_at_end": True, "eval_steps": epoch,
       "checkpoint_steps": epoch, "log_steps": min(base.log_steps, epoch),
       "steps_per_loop": min(base.steps_per_loop, epoch),
-      "eval_at_end": True, **arm_overrides})
+      "eval_at_end": test_at_end or not validation_examples,
+      **arm_overrides})
 
 
 def _scaled_boundaries(base, steps):
@@ -165,6 +183,13 @@ def run_status(model_dir, records):
   return state
 
 
+def check_available(study):
+  """`errors.ConfigError` if STUDY cannot run yet (`Study.unavailable`)."""
+  if study.unavailable:
+    raise errors.ConfigError(f"study {study.name} cannot run yet: "
+                             f"{study.unavailable}")
+
+
 def arms_named(study, names=None):
   """The arms of STUDY named in NAMES (all if None), in the study's order;
   `errors.ConfigError` naming the study's arms if a name is not one."""
@@ -184,12 +209,14 @@ def runs_of(study, arms=None, seeds=None):
 
 def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
               width=None, precision=None, arms=None, seeds=None,
-              top1_levels=TOP1_LEVELS, echo=lambda line: None):
+              deterministic=None, top1_levels=TOP1_LEVELS,
+              echo=lambda line: None):
   """Trains every run of STUDY that has not finished; returns `collect`'s
   (with TOP1_LEVELS) of every run in OUTPUT_DIR, this call's and earlier
   ones' with other ARMS or SEEDS.
 
-  ARMS (names) and SEEDS restrict the grid. ECHO receives one progress line
+  ARMS (names) and SEEDS restrict the grid; DETERMINISTIC (None: the
+  study's) makes every run op-deterministic. ECHO receives one progress line
   per event (a run starting or ending, and the training's own progress
   lines prefixed with the run's name). On SIGTERM the current run writes a
   checkpoint and `preemption.PreemptedError` is raised: the same call
@@ -199,11 +226,17 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
   from identity_tf.data import tfds_data
   import keras
   # pylint: enable=g-import-not-at-top
+  check_available(study)
   info = tfds_data.prepared_info(dataset, data_dir)
   grid = runs_of(study, arms, seeds)
   runs = [(run_config(arm, seed, dataset=dataset, epochs=epochs, width=width,
                       precision=precision,
-                      num_train_examples=info.num_train_examples),
+                      num_train_examples=info.num_train_examples,
+                      validation_examples=study.validation_examples,
+                      test_at_end=study.test_at_end,
+                      deterministic=(study.deterministic
+                                     if deterministic is None
+                                     else deterministic)),
            model_dir_of(output_dir, arm, seed),
            f"[{number}/{len(grid)}] {arm.name} seed {seed}")
           for number, (arm, seed) in enumerate(grid, 1)]
@@ -295,23 +328,46 @@ def _run_results(model_dir, seed, top1_levels=TOP1_LEVELS):
                           else None}
   batch_size = number(config.get("batch_size")) if config else None
   rate = metrics.images_per_second(records)
+  validation = metrics.validation_curve(records)
+  validation_loss = metrics.validation_curve(records, "loss")
+  done = state["status"] == "done"
   return {
       "seed": seed, "model_dir": model_dir, **state,
+      "deterministic": _deterministic(description),
       # What the run trains with, for the report's header.
       "settings": settings,
       "images_per_second": rate, "machines": metrics.machines(records),
       "time_to_top1": _time_to_top1(
           records, rate, {"batch_size": batch_size} if batch_size else None,
           top1_levels),
-      "final_top1": top1[-1][1] if top1 and state["status"] == "done"
-                    else None,
+      "final_top1": top1[-1][1] if top1 and done else None,
+      # The held-out training images' (--validation_examples), where the
+      # study holds them out: what a study selects on.
+      "final_validation_top1": validation[-1][1] if validation and done
+                               else None,
+      "final_validation_loss": (validation_loss[-1][1]
+                                if validation_loss and done else None),
       # The whole training set evaluated once at the end: what the run
       # fitted, beside what it generalised to.
       "train_set": metrics.training_set_evaluation(records),
       "best_top1": max(v for _, v in top1) if top1 else None,
       "curves": {"train_loss": metrics.training_loss_curve(records),
-                 "test_top1": top1},
+                 "test_top1": top1, "validation_top1": validation},
   }, config
+
+
+def _deterministic(description):
+  """Whether the run config.json DESCRIBES trained with --deterministic
+  throughout: True, False, "from step N" (switched on there) or "until
+  step N" (switched off); None without config.json."""
+  if not description:
+    return None
+  now = bool(description["config"].get("deterministic"))
+  for entry in description.get("history", []):
+    change = entry["changed"].get("deterministic")
+    if change is not None:
+      return f"{'from' if now else 'until'} step {entry['step']}"
+  return now
 
 
 def _time_to_top1(records, rate, config, levels=TOP1_LEVELS):
@@ -388,12 +444,56 @@ def collect(study, output_dir, arms=None, seeds=None,
                               "overrides": dict(arm.overrides),
                               "description": arm.description,
                               "config": config, "runs": runs})
+  results["splits"] = splits(study)
   if study.reference:
     results["reference"] = study.reference
     differences = compare(results, study.reference)
     for arm in results["arms"]:
       arm["against_reference"] = differences.get(arm["name"])
+      if study.margin:
+        arm["equivalence"] = statistics.equivalence(
+            arm["against_reference"], study.margin)
+    if study.margin:
+      results["margin"] = study.margin
+  if study.selects:
+    results["selected"] = select(results)
   return results
+
+
+def splits(study):
+  """Which examples each number of STUDY's results is of: {"final_top1",
+  "final_validation_top1", "train_set"} -> a phrase (results.json says it,
+  so that no number's split is left to guess)."""
+  held = study.validation_examples
+  test = ("the evaluation split (test), read once, at the end"
+          if study.test_at_end or not held else "not read")
+  return {
+      "final_top1": test,
+      "final_validation_top1": (
+          f"{held} training images held out of training "
+          f"(datasets.held_out, seed {datasets.VALIDATION_SEED})"
+          if held else "none held out"),
+      "train_set": "the training images trained on, without augmentation",
+  }
+
+
+def select(results):
+  """{preset: {"arm", "final_validation_top1", "learning_rate"}}: each
+  preset's arm with the best mean final validation top-1 over its
+  finished seeds -- the selection rule of a study that selects. Arms
+  with a diverged or unfinished seed are not chosen."""
+  best = {}
+  for arm in results["arms"]:
+    values = [r["final_validation_top1"] for r in arm["runs"]]
+    if not values or None in values:
+      continue
+    score = float(np.mean(values))
+    preset = arm["preset"]
+    if preset not in best or score > best[preset]["final_validation_top1"]:
+      best[preset] = {"arm": arm["name"], "final_validation_top1": score,
+                      "learning_rate": (arm["config"] or {}).get(
+                          "learning_rate")}
+  return best
 
 
 def _minutes_to(runs, level, key):
@@ -455,15 +555,16 @@ def compare(results, reference):
           for name, arm in arms.items() if name != reference}
 
 
-def _against(arm, reference, arms):
-  """The table's cell: ARM's final top-1 minus REFERENCE's, in words, and
-  the seeds at which ARM diverged where REFERENCE (of ARMS, by name)
-  finished."""
+def _against(arm, reference, arms, margin=None):
+  """The table's cell: ARM's final top-1 minus REFERENCE's, in words (with
+  MARGIN: the equivalence test's), and the seeds at which ARM diverged
+  where REFERENCE (of ARMS, by name) finished."""
   if arm["name"] == reference:
     return "(reference)"
   diverged = (results_tables.diverged_note(arm, arms[reference])
               if reference in arms else "")
-  return results_tables.in_words(arm.get("against_reference"), diverged)
+  return results_tables.in_words(arm.get("against_reference"), diverged,
+                                 margin)
 
 
 def markdown_table(results):
@@ -473,13 +574,17 @@ def markdown_table(results):
   top1_levels = results.get("top1_levels", TOP1_LEVELS)
   levels = " / ".join(f"{100 * level:g}" for level in top1_levels)
   reference = results.get("reference")
+  validation = any(r.get("final_validation_top1") is not None
+                   for arm in results["arms"] for r in arm["runs"])
   lines = [
       "| configuration | what | seeds | final test top-1 (%) | "
       + (f"against {reference} (paired by seed) | " if reference else "")
+      + ("final validation top-1 (%) | " if validation else "")
       + "best test top-1 (%) | training-set loss | training-set top-1 (%) | "
       f"NaN at step | wall time | images/s | minutes to {levels} %: wall | "
       "undisturbed |",
       "|---|---|---|---|" + ("---|" if reference else "")
+      + ("---|" if validation else "")
       + "---|---|---|---|---|---|---|---|",
   ]
   arms = {arm["name"]: arm for arm in results["arms"]}
@@ -502,7 +607,10 @@ def markdown_table(results):
         f"| {arm['name']} | {arm['description']} | "
         f"{', '.join(str(r['seed']) for r in runs)} | "
         f"{_summary([r['final_top1'] for r in runs])} | "
-        + (f"{_against(arm, reference, arms)} | " if reference else "")
+        + (f"{_against(arm, reference, arms, results.get('margin'))} | "
+           if reference else "")
+        + (f"{_summary([r.get('final_validation_top1') for r in runs])} | "
+           if validation else "")
         + f"{_summary([r['best_top1'] for r in runs])} | "
         f"{_training_set(runs, 'loss')} | {_training_set(runs, 'top1')} | "
         f"{', '.join(nan) or 'none'} | {wall} | {rates} | " + " | ".join(
@@ -627,6 +735,15 @@ def write_report(results, output_dir):
   for key in SETTINGS:
     if key in results:
       text += f"- {key}: {results[key]}\n"
+  for key, split in results.get("splits", {}).items():
+    text += f"- {key}: {split}\n"
+  if results.get("margin"):
+    text += (f"- equivalence margin (stated before the runs): "
+             f"{100 * results['margin']:g} point of test top-1\n")
+  for preset, chosen in results.get("selected", {}).items():
+    text += (f"- selected for {preset} (best final validation top-1): "
+             f"{chosen['arm']}, {100 * chosen['final_validation_top1']:.2f} "
+             "%\n")
   text += "\n" + markdown_table(results)
   note = machines_note(results)
   if note:

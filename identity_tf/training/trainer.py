@@ -86,7 +86,7 @@ class Trainer:
     # saved).
     self.last_evaluated_step = tf.Variable(-1, dtype=tf.int64,
                                            trainable=False)
-    self.iterator = self.manager = self._evaluator = None
+    self.iterator = self.manager = self._evaluator = self._validator = None
 
   @property
   def step(self):
@@ -123,7 +123,8 @@ class Trainer:
           data_dir=run.data_dir, seed=seed,
           deterministic=config.deterministic, input_context=input_context,
           num_examples=config.num_train_examples,
-          preprocessing=run.preprocessing, start_step=start_step)
+          preprocessing=run.preprocessing, start_step=start_step,
+          validation_examples=config.validation_examples)
     return dataset_fn
 
   def _make_iterator(self, skip_steps):
@@ -279,17 +280,34 @@ class Trainer:
     with self._evaluated_weights():
       return self._evaluator()
 
+  def evaluate_validation(self):
+    """Loss and top-1/top-5 of the current weights (their average with
+    --ema_decay) on the --validation_examples held out of the training
+    split (their pipeline is built once)."""
+    if self._validator is None:
+      config = self.config
+      self._validator = evaluation.make_evaluator(
+          self.model, config.dataset, self.run.dataset,
+          self.run.preprocessing, data_dir=self.run.data_dir,
+          batch_size=config.eval_batch_size,
+          split=self.run.dataset.train_split,
+          validation_examples=config.validation_examples, held_out=True)
+    with self._evaluated_weights():
+      return self._validator()
+
   def evaluate_training_set(self):
     """Loss and top-1/top-5 of the current weights (their average with
     --ema_decay) on the whole training split (the run's
-    --num_train_examples of it), each image once, without augmentation:
-    what training has fitted, beside the held-out scores."""
+    --num_train_examples of it, less the --validation_examples), each
+    image once, without augmentation: what training has fitted, beside the
+    held-out scores."""
     config = self.config
     evaluate = evaluation.make_evaluator(
         self.model, config.dataset, self.run.dataset, self.run.preprocessing,
         data_dir=self.run.data_dir, batch_size=config.eval_batch_size,
         num_examples=config.num_train_examples,
-        split=self.run.dataset.train_split)
+        split=self.run.dataset.train_split,
+        validation_examples=config.validation_examples)
     with self._evaluated_weights():
       return evaluate()
 
@@ -346,13 +364,17 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   divergence coming -- the largest global gradient norm, the largest
   update/weight ratio and the largest RMS of each stage's activations over
   those steps (`step.make_train_step`); every config.eval_steps steps, and
-  at the end, one with the evaluation. Each goes to MODEL_DIR/metrics.jsonl
+  at the end, one with the evaluation (with --validation_examples: of the
+  held-out training examples, and of the evaluation split once, at the
+  end). Each goes to MODEL_DIR/metrics.jsonl
   whole, to TensorBoard, and to ECHO as one line a person reads
   (`metrics.progress_line`).
 
   Returns:
     {"step", "train_loss", "train_top1" (last logged window), "train_window"
-    (its steps), "eval": the last evaluation or None, "model_dir"}.
+    (its steps), "eval": the last evaluation (of the evaluation split) or
+    None, "validation": the last of the held-out training examples (with
+    --validation_examples), "model_dir"}.
 
   The run resumes from the newest intact checkpoint in MODEL_DIR, found
   from the files (`checkpoints.resume_point`): damaged newer ones are moved
@@ -483,7 +505,7 @@ def _loop(trainer, writer, stop, echo):
     # The stop (SIGTERM or a kill) came on an evaluation step, after its
     # checkpoint and before its evaluation: without this one the curve and
     # the time to each accuracy would skip an epoch.
-    result["eval"] = _evaluate(trainer, writer, step)
+    result[_periodic(config)] = _evaluate(trainer, writer, step)
   # The length of a call: one step first (tracing included, its pace is
   # unknown), then what ends within preemption.CALL_SECONDS at the last
   # call's pace, so that SIGTERM is honoured within about that (or a step).
@@ -522,7 +544,7 @@ def _loop(trainer, writer, stop, echo):
     if step % config.checkpoint_steps == 0:
       echo(f"saved checkpoint {trainer.save(step)}")
     if trainer.chief and config.eval_steps and step % config.eval_steps == 0:
-      result["eval"] = _evaluate(trainer, writer, step)
+      result[_periodic(config)] = _evaluate(trainer, writer, step)
   result["step"] = step
   return _finish(trainer, writer, result, echo)
 
@@ -534,9 +556,15 @@ def _finish(trainer, writer, result, echo):
   during them leaves the previous checkpoint, from which the run replays
   its last steps and evaluates. Returns RESULT, completed."""
   config, step = trainer.config, result["step"]
-  if trainer.chief and (config.eval_steps or config.eval_at_end) and (
+  held_out = config.validation_examples
+  if trainer.chief and (config.eval_steps or
+                        (config.eval_at_end and not held_out)) and (
       int(trainer.last_evaluated_step.numpy()) != step):
-    result["eval"] = _evaluate(trainer, writer, step)
+    result[_periodic(config)] = _evaluate(trainer, writer, step)
+  if trainer.chief and held_out and config.eval_at_end:
+    # The evaluation split, read once: at the end, after the validation.
+    result["eval"] = trainer.evaluate()
+    writer.evaluation(step, result["eval"])
   if config.eval_train_at_end and trainer.chief:
     result["train_eval"] = trainer.evaluate_training_set()
     writer.training_set_evaluation(step, result["train_eval"])
@@ -544,11 +572,23 @@ def _finish(trainer, writer, result, echo):
   return result
 
 
+def _periodic(config):
+  """The key of the evaluations during CONFIG's training in the result:
+  "validation" with --validation_examples, else "eval"."""
+  return "validation" if config.validation_examples else "eval"
+
+
 def _evaluate(trainer, writer, step):
-  """The evaluation of TRAINER's current weights, recorded at STEP (and in
-  the checkpoints written from now on)."""
-  scores = trainer.evaluate()
-  writer.evaluation(step, scores)
+  """The evaluation during training of TRAINER's current weights, recorded
+  at STEP (and in the checkpoints written from now on): on the held-out
+  training examples with --validation_examples, else on the evaluation
+  split."""
+  if trainer.config.validation_examples:
+    scores = trainer.evaluate_validation()
+    writer.validation(step, scores)
+  else:
+    scores = trainer.evaluate()
+    writer.evaluation(step, scores)
   trainer.last_evaluated_step.assign(step)
   return scores
 
