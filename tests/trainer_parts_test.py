@@ -18,6 +18,7 @@ import tensorflow as tf
 from identity_tf import configs
 from identity_tf import model as model_lib
 from identity_tf.data import datasets
+from identity_tf.data import pipeline
 from identity_tf.data import synthetic
 from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
@@ -465,6 +466,34 @@ class LoopCadenceTest(absltest.TestCase):
                      [])
     self.assertIsNone(quiet["eval"])
 
+  def test_held_out_images_are_evaluated_every_eval_steps_and_test_once(self):
+    model_dir = self.create_tempdir().full_path
+    result = trainer.train(self._config(
+        validation_examples=40, eval_train_at_end=True,
+        num_train_examples=24), model_dir, echo=lambda line: None)
+    records = metrics.read(model_dir)
+    validation = [r for r in records if metrics.VALIDATION in r]
+    self.assertEqual([(r["step"], r[metrics.VALIDATION]["examples"])
+                      for r in validation], [(4, 40), (7, 40)])
+    self.assertEqual(result["validation"]["examples"], 40)
+    # The evaluation split once, at the end, after the last validation.
+    tests = [r for r in records if "eval" in r]
+    self.assertEqual([(r["step"], r["eval"]["examples"]) for r in tests],
+                     [(7, 20)])
+    self.assertGreater(records.index(tests[0]), records.index(validation[-1]))
+    self.assertEqual(metrics.training_set_evaluation(records)["examples"], 24)
+    self.assertEqual(
+        [s for s, _ in metrics.read_scalars(os.path.join(
+            model_dir, metrics.VALIDATION))["top1"]], [4, 7])
+    # Without --eval_at_end the evaluation split is never read.
+    quiet_dir = self.create_tempdir().full_path
+    trainer.train(self._config(validation_examples=40, eval_at_end=False),
+                  quiet_dir, echo=lambda line: None)
+    quiet = metrics.read(quiet_dir)
+    self.assertEqual([r for r in quiet if "eval" in r], [])
+    self.assertEqual([r["step"] for r in quiet if metrics.VALIDATION in r],
+                     [4, 7])
+
   def test_a_call_runs_to_the_next_step_with_something_to_do(self):
     config = self._config(train_steps=100, log_steps=10,
                           checkpoint_steps=25, eval_steps=0)
@@ -503,6 +532,20 @@ class TrainerInputTest(absltest.TestCase):
       self.assertCountEqual(epoch, first)
     np.testing.assert_array_equal(self._labels(), seed0)
     self.assertFalse(np.array_equal(self._labels(seed=1), seed0))
+
+  def test_held_out_images_are_never_trained_on(self):
+    # The training stream reads the images the held-out ones leave, and the
+    # validation pipeline exactly those held out, whatever the seed.
+    images, labels = synthetic.arrays("train")
+    validation, training = datasets.held_out(len(labels), 300)
+    for seed in (0, 1):
+      stream = self._labels(validation_examples=300, seed=seed)
+      self.assertCountEqual(stream[:16], labels[training[:16]])
+    for held_out, chosen in ((True, validation), (False, training)):
+      source = pipeline._read_split("synthetic", "train", None, None, None,
+                                    300, held_out)
+      np.testing.assert_array_equal(source.images, images[chosen])
+      np.testing.assert_array_equal(source.labels, labels[chosen])
 
 
 class MetricsReadersTest(absltest.TestCase):

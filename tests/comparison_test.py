@@ -1,0 +1,302 @@
+"""Tests of the comparison with batch norm: held-out images, the studies'
+arms, the selection rule and the equivalence test (no TensorFlow).
+
+The equivalence test is checked against hand computations with the closed
+forms of Student's t CDF for 2 and 4 degrees of freedom; every arm against
+the configuration its name and the issue's protocol say, computed here from
+the budget.
+"""
+
+import dataclasses
+import math
+import statistics as python_statistics
+from unittest import mock
+
+from absl.testing import absltest
+
+from identity_tf import configs
+from identity_tf import errors
+from identity_tf import studies
+from identity_tf.data import datasets
+from identity_tf.training import config_file
+from identity_tf.training import run as run_lib
+from identity_tf.training import statistics
+from identity_tf.training import study
+
+
+def _cdf2(t):
+  """Student's t CDF, 2 degrees of freedom, in closed form."""
+  return 0.5 + t / (2 * math.sqrt(2 + t * t))
+
+
+def _cdf4(t):
+  """Student's t CDF, 4 degrees of freedom, in closed form."""
+  u = t * t / 4
+  return 0.5 + 3 / 8 * t / math.sqrt(1 + u) * (1 - u / (3 * (1 + u)))
+
+
+def _quantile(cdf, p):
+  low, high = 0.0, 50.0
+  for _ in range(200):
+    middle = (low + high) / 2
+    low, high = (middle, high) if cdf(middle) < p else (low, middle)
+  return low
+
+
+class EquivalenceTest(absltest.TestCase):
+  """Two one-sided t tests, by hand."""
+
+  def _check(self, ours, theirs, margin, cdf):
+    difference = statistics.paired_difference(ours, theirs)
+    each = [ours[s] - theirs[s] for s in sorted(ours)]
+    n = len(each)
+    centre = sum(each) / n
+    se = python_statistics.stdev(each) / math.sqrt(n)
+    half = _quantile(cdf, 0.95) * se
+    p_value = max(1 - cdf((centre + margin) / se), cdf((centre - margin) / se))
+    test = statistics.equivalence(difference, margin)
+    self.assertAlmostEqual(test["interval"][0], centre - half, places=9)
+    self.assertAlmostEqual(test["interval"][1], centre + half, places=9)
+    self.assertAlmostEqual(test["p_value"], p_value, places=9)
+    self.assertEqual(test["equivalent"], p_value < 0.05)
+    # The same verdict as the 90 % interval inside the margin.
+    self.assertEqual(test["equivalent"],
+                     -margin < centre - half and centre + half < margin)
+    return test, difference
+
+  def test_two_degrees_of_freedom(self):
+    theirs = {0: 0.9310, 1: 0.9300, 2: 0.9300}
+    test, difference = self._check({0: 0.9300, 1: 0.9320, 2: 0.9290},
+                                   theirs, 0.005, _cdf2)
+    self.assertTrue(test["equivalent"])
+    low, high = (100 * v for v in test["interval"])
+    self.assertEqual(
+        statistics.equivalence_wording(difference, 0.005),
+        f"equivalent within 0.5 point (90 % interval {low:+.2f} to "
+        f"{high:+.2f}, 3 seeds)")
+    # Spread too wide for three seeds: the 95 % interval's words, and the
+    # margin it was not shown within.
+    test, difference = self._check({0: 0.9250, 1: 0.9360, 2: 0.9300},
+                                   theirs, 0.005, _cdf2)
+    self.assertFalse(test["equivalent"])
+    words = statistics.equivalence_wording(difference, 0.005)
+    self.assertTrue(words.startswith("level with (difference"), words)
+    self.assertTrue(words.endswith("; not shown equivalent within 0.5 point"))
+
+  def test_four_degrees_of_freedom(self):
+    theirs = {s: 0.93 for s in range(5)}
+    ours = {0: 0.9310, 1: 0.9285, 2: 0.9322, 3: 0.9296, 4: 0.9307}
+    test, _ = self._check(ours, theirs, 0.005, _cdf4)
+    self.assertTrue(test["equivalent"])
+    # A difference of 0.45 point with this spread: inside the margin on
+    # average, not shown so.
+    shifted = {s: v + 0.0045 for s, v in ours.items()}
+    test, _ = self._check(shifted, theirs, 0.005, _cdf4)
+    self.assertFalse(test["equivalent"])
+
+  def test_one_seed_is_no_test(self):
+    one = statistics.paired_difference({0: 0.93}, {0: 0.931})
+    self.assertIsNone(statistics.equivalence(one, 0.005))
+    self.assertEqual(statistics.equivalence_wording(one, 0.005),
+                     "-0.10 points (one seed)")
+
+
+class HeldOutTest(absltest.TestCase):
+
+  def test_a_fixed_disjoint_uniform_choice(self):
+    validation, training = datasets.held_out(60_000, 5000)
+    self.assertLen(validation, 5000)
+    self.assertEqual(sorted(validation + training), list(range(60_000)))
+    self.assertEqual((validation, training), datasets.held_out(60_000, 5000))
+    # Uniform: each tenth of the split holds about a tenth of them (a
+    # binomial of 5000 draws at 0.1: std 21).
+    for tenth in range(10):
+      inside = sum(6000 * tenth <= i < 6000 * (tenth + 1) for i in validation)
+      self.assertBetween(inside, 500 - 100, 500 + 100)
+    # Chosen by the seed, not the data or the count's order.
+    with mock.patch.object(datasets, "VALIDATION_SEED", 7):
+      other, _ = datasets.held_out(60_000, 5000)
+    self.assertLess(len(set(other) & set(validation)), 700)
+    # More held out keeps the fewer held out (the smallest keys).
+    self.assertContainsSubset(datasets.held_out(60_000, 1000)[0], validation)
+
+  def test_bad_counts_are_one_line(self):
+    with self.assertRaisesRegex(errors.DataError, r"must be below the 100 "):
+      datasets.held_out(100, 100)
+    info = datasets.synthetic_info()
+    config = configs.from_preset("smoke",
+                                 validation_examples=info.num_train_examples)
+    with self.assertRaisesRegex(errors.ConfigError,
+                                r"^--validation_examples=\d+ leaves nothing"):
+      run_lib.prepare(config, info, None)
+    with self.assertRaisesRegex(errors.ConfigError,
+                                r"^--validation_examples must be >= 0"):
+      configs.from_preset("smoke", validation_examples=-1)
+
+  def test_an_epoch_is_the_images_left(self):
+    info = datasets.synthetic_info()
+    size = info.num_train_examples
+    config = configs.from_preset("smoke", validation_examples=500)
+    self.assertEqual(run_lib.prepare(config, info, None).steps_per_epoch,
+                     (size - 500) / config.batch_size)
+    capped = configs.override(config, num_train_examples=1000)
+    self.assertEqual(run_lib.steps_per_epoch(capped, size),
+                     1000 / config.batch_size)
+
+  def test_a_run_does_not_resume_with_other_held_out_images(self):
+    model_dir = self.create_tempdir().full_path
+    info = datasets.synthetic_info()
+    config = configs.from_preset("smoke", validation_examples=500)
+    config_file.write(model_dir,
+                      run_lib.prepare(config, info, model_dir).description())
+    config_file.check_resumable(model_dir, config)
+    with self.assertRaisesRegex(errors.ConfigError,
+                                r"validation_examples \(500 -> 0\)"):
+      config_file.check_resumable(
+          model_dir, configs.override(config, validation_examples=0))
+
+
+def _config(arm, **options):
+  return study.run_config(arm, 0, dataset="fashion_mnist", epochs=10,
+                          num_train_examples=60_000, **options)
+
+
+def _options(each):
+  return dict(validation_examples=each.validation_examples,
+              test_at_end=each.test_at_end,
+              deterministic=each.deterministic)
+
+
+class StudyArmsTest(absltest.TestCase):
+  """Each arm builds the configuration it names, on the images left."""
+
+  STEPS = math.ceil(10 * 55_000 / 128)  # 10 epochs of 60 000 less 5 000.
+
+  def test_the_rate_sweep(self):
+    each = studies.STUDIES["rates"]
+    self.assertEqual((each.validation_examples, each.test_at_end,
+                      each.selects, each.deterministic), (5000, False, True,
+                                                          True))
+    rates = {}
+    for arm in each.arms:
+      config = _config(arm, **_options(each))
+      rates.setdefault(arm.preset, []).append(config.learning_rate)
+      self.assertEqual(arm.name, f"{arm.preset}_lr{config.learning_rate:g}")
+      self.assertEqual((config.validation_examples, config.eval_at_end,
+                        config.deterministic, config.train_steps),
+                       (5000, False, True, self.STEPS))
+      self.assertEqual(config.eval_steps, round(55_000 / 128))
+    self.assertEqual(rates, {"cifar10_ws": [0.025, 0.05, 0.1, 0.2, 0.4],
+                             "cifar10_ws_bn": [0.025, 0.05, 0.1, 0.2, 0.4]})
+
+  def test_the_depths(self):
+    each = studies.STUDIES["depth"]
+    found = set()
+    for arm in each.arms:
+      config = _config(arm, **_options(each))
+      base = configs.PRESETS[arm.preset]
+      found.add((arm.preset, config.units))
+      # Nothing but the units differs from the preset's recipe.
+      self.assertEqual((config.learning_rate, config.batch_size,
+                        config.model), (base.learning_rate, base.batch_size,
+                                        base.model))
+      self.assertEqual(arm.name, f"{arm.preset}_units{config.units[0]}")
+    self.assertEqual(found, {(p, (u,)) for p in (
+        "cifar10_paper", "cifar10_ws", "cifar10_ws_bn", "fixup_cifar")
+                            for u in (9, 27, 81)})
+
+  def test_tuned_and_batch_wait_for_the_rates(self):
+    for name in ("tuned", "batch"):
+      each = studies.STUDIES[name]
+      self.assertIn("--study=rates", each.unavailable)
+      with self.assertRaisesRegex(errors.ConfigError,
+                                  rf"^study {name} cannot run yet: it needs"):
+        study.check_available(each)
+
+  def test_tuned_pair_and_batches_at_the_tuned_rates(self):
+    rates = {"cifar10_ws": 0.1, "cifar10_ws_bn": 0.2}
+    with mock.patch.dict(studies.TUNED_RATES, rates):
+      tuned, batch = studies._tuned_study(), studies._batch_study()
+    self.assertIsNone(tuned.unavailable)
+    self.assertEqual((tuned.reference, tuned.margin, tuned.test_at_end),
+                     ("cifar10_ws_bn", 0.005, True))
+    for arm in tuned.arms:
+      config = _config(arm, **_options(tuned))
+      self.assertEqual(arm.seeds, (0, 1, 2, 3, 4))
+      self.assertEqual((config.learning_rate, config.eval_at_end,
+                        config.validation_examples),
+                       (rates[arm.preset], True, 5000))
+    names = set()
+    for arm in batch.arms:
+      config = _config(arm, **_options(batch))
+      names.add(arm.name)
+      size = config.batch_size
+      steps = math.ceil(10 * 55_000 / size)
+      self.assertEqual(config.train_steps, steps)
+      # The linear scaling rule from the rate tuned at 128, warmed up over
+      # 5 % of the run.
+      self.assertAlmostEqual(config.learning_rate,
+                             rates[arm.preset] * size / 128)
+      self.assertEqual(config.warmup_steps, round(0.05 * steps))
+      if arm.name.endswith("_agc"):
+        self.assertEqual((config.grad_clip_norm, config.agc_clip, size),
+                         (0.0, studies.BATCH_AGC, 2048))
+      else:
+        self.assertEqual(arm.name, f"{arm.preset}_batch{size}")
+        self.assertEqual(config.grad_clip_norm, 1.0)
+    self.assertLen(names, 7)
+
+  def test_every_presets_warm_up_keeps_its_share_of_the_budget(self):
+    # A preset's warm-up is a share of its own train_steps; a study at
+    # another budget keeps the share, in every arm that does not set its
+    # own.
+    checked = 0
+    for name, each in studies.STUDIES.items():
+      for arm in each.arms:
+        base = configs.PRESETS[arm.preset]
+        if (not base.warmup_steps or arm.warmup_fraction or
+            "warmup_steps" in dict(arm.overrides)):
+          continue
+        for epochs in (1, 10):
+          config = study.run_config(arm, 0, dataset="fashion_mnist",
+                                    epochs=epochs, num_train_examples=60_000)
+          share = base.warmup_steps / base.train_steps
+          with self.subTest(study=name, arm=arm.name, epochs=epochs):
+            self.assertEqual(config.warmup_steps,
+                             max(1, round(share * config.train_steps)))
+            self.assertLess(config.warmup_steps, config.train_steps)
+          checked += 1
+    self.assertGreater(checked, 0)
+
+
+class SelectionTest(absltest.TestCase):
+
+  def test_the_best_validation_arm_of_each_preset(self):
+    def arm(name, preset, values, rate, status="done"):
+      return {"name": name, "preset": preset, "config": {
+          "learning_rate": rate}, "runs": [
+              {"seed": s, "status": status, "final_validation_top1": v}
+              for s, v in enumerate(values)]}
+    results = {"arms": [
+        arm("a_lr0.1", "a", [0.91], 0.1), arm("a_lr0.2", "a", [0.93], 0.2),
+        # Diverged: no value, never chosen however the others did.
+        arm("a_lr0.4", "a", [None], 0.4, status="diverged"),
+        arm("b_lr0.1", "b", [0.92, 0.90], 0.1),
+        arm("b_lr0.2", "b", [0.95, 0.86], 0.2)]}
+    self.assertEqual(study.select(results), {
+        "a": {"arm": "a_lr0.2", "final_validation_top1": 0.93,
+              "learning_rate": 0.2},
+        "b": {"arm": "b_lr0.1", "final_validation_top1": 0.91,
+              "learning_rate": 0.1}})
+
+  def test_every_number_names_its_split(self):
+    self.assertEqual(study.splits(studies.STUDIES["rates"])["final_top1"],
+                     "not read")
+    tuned = dataclasses.replace(studies.STUDIES["rates"], test_at_end=True)
+    self.assertIn("read once, at the end", study.splits(tuned)["final_top1"])
+    self.assertIn("5000 training images held out",
+                  study.splits(tuned)["final_validation_top1"])
+
+
+if __name__ == "__main__":
+  absltest.main()
