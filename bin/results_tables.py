@@ -33,17 +33,27 @@ def main(argv):
     if FLAGS.plot and (len(FLAGS.files or ()) != 1 or not FLAGS.arms):
       raise ValueError("--plot draws one file's arms: pass --files=NAME "
                        "and --arms=ARM,...")
-    files = results_tables.load(cli.resolve_path(FLAGS.results_dir),
-                                FLAGS.files)
-    tables = []
-    for name in FLAGS.files or sorted(files):
+    files, damaged = results_tables.load(
+        cli.resolve_path(FLAGS.results_dir), FLAGS.files)
+    # Every table that can be made is printed; each file that cannot is
+    # one line on stderr, and the exit status says so.
+    failed = []
+    for name in FLAGS.files or sorted(set(files) | set(damaged)):
+      if name in damaged:
+        failed.append(damaged[name])
+        continue
       try:
-        tables.append(results_tables.file_tables(files, name))
+        print(results_tables.file_tables(files, name))
       except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{name}.json is not a result file ({e!r} missing "
-                         "or malformed); docs/results/README.md has the "
-                         "format") from None
-    print("\n".join(tables), end="")
+        failed.append(f"{name}.json is not a result file ({e!r} missing or "
+                      "malformed); docs/results/README.md has the format")
+      except ValueError as e:
+        failed.append(cli.message(e))
+    for line in failed:
+      cli.print_stderr(f"error: {line}")
+    if failed:
+      cli.exit_with(f"{len(failed)} file(s) not tabulated (above); the "
+                    "tables of the others are printed", 1)
     if FLAGS.plot:
       _plot(files)
 

@@ -43,6 +43,14 @@ INIT_SCHEMES = ("paper", "standard", "fixup")
 #   branch_init_scale  C1 and C2's std times this.
 # These parametrise the paper's unit; the methods' own networks are the
 # PEERS below.
+#
+# The fixed scales' ranges. A kernel entry drawn at std up to 1/3 (a 3x3
+# kernel of one channel) times branch_init_scale, summed over a fan-in of
+# thousands, or a logit times logit_scale, must stay well inside float16's
+# 65504 and float32's 3.4e38 (a scale of 1e300 made the first step
+# infinite); under weight standardisation a kernel of std below 1e-3
+# times the paper's leaves float16's normal range when it is squared.
+SCALE_RANGES = {"branch_init_scale": (1e-3, 1e3), "logit_scale": (1e-3, 1e3)}
 RESIDUALS = ("plain", "fixup")
 BRANCH_GAINS = ("none", "zero", "one")
 WS_GAINS = ("trained", "frozen")
@@ -70,16 +78,33 @@ def translate_legacy(options):
   with the names of earlier versions replaced by today's: `residual` values
   that named combinations (`LEGACY_RESIDUALS`) and `ws_init_scale` (the
   draw of skipinit_ws_small's kernels, now `branch_init_scale`). A dict
-  that uses today's names comes back unchanged."""
+  that uses today's names comes back unchanged. An earlier name beside a
+  today's option it contradicts (set, to another value) is refused: which
+  one the user meant cannot be told, and either reading would erase the
+  other (ConfigError naming both)."""
   options = dict(options)
   scale = options.pop("ws_init_scale", None)
   residual = options.get("residual")
   if isinstance(residual, str) and residual not in RESIDUALS and (
       residual in LEGACY_RESIDUALS):
     del options["residual"]  # The plain form, today's default.
-    options.update(LEGACY_RESIDUALS[residual])
-  if scale is not None and scale != 1:
-    options["branch_init_scale"] = scale
+    meaning = LEGACY_RESIDUALS[residual]
+    for name, value in meaning.items():
+      if options.get(name) is not None and options[name] != value:
+        raise errors.ContradictionError(
+            f"residual {residual!r} (an earlier version's name for "
+            + ", ".join(f"{k} {v!r}" for k, v in meaning.items())
+            + f") contradicts {name} {options[name]!r}: keep one of them")
+    options.update(meaning)
+  if scale is not None:
+    current = options.get("branch_init_scale")
+    if current is not None and current != scale:
+      raise errors.ContradictionError(
+          f"ws_init_scale {scale!r} (an earlier version's name for "
+          f"branch_init_scale) contradicts branch_init_scale {current!r}: "
+          "keep one of them")
+    if scale != 1:
+      options["branch_init_scale"] = scale
   return options
 
 
@@ -273,14 +298,13 @@ def complete_options(name, **options):
          f"unknown residual {opts['residual']!r}; valid: "
          f"{', '.join(RESIDUALS)}")
   _check_branch(name, opts)
-  _check(isinstance(opts["logit_scale"], (int, float))
-         and 0 < opts["logit_scale"] < float("inf"),
-         f"logit_scale must be a positive number, got "
-         f"{opts['logit_scale']!r}")
-  _check(isinstance(opts["branch_init_scale"], (int, float))
-         and 0 < opts["branch_init_scale"] < float("inf"),
-         f"branch_init_scale must be a positive number, got "
-         f"{opts['branch_init_scale']!r}")
+  for option, (low, high) in SCALE_RANGES.items():
+    value = opts[option]
+    _check(isinstance(value, (int, float)) and not isinstance(value, bool)
+           and low <= value <= high,
+           f"{option} must be a number from {low:g} to {high:g} (beyond, "
+           f"the draws or the logits leave the range the run's 16- and "
+           f"32-bit floats hold), got {value!r}")
   _check(opts["projection_scale"] in PROJECTION_SCALES,
          f"unknown projection_scale {opts['projection_scale']!r}; valid: "
          f"{', '.join(PROJECTION_SCALES)}")

@@ -61,6 +61,11 @@ BOOKKEEPING_FIELDS = ("preset", "checkpoint_steps", "keep_checkpoints",
                       "strategy", "deterministic", "jit_compile")
 
 
+# The largest finite float32: the run's learning rates, scales and losses
+# are float32 tensors.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _field(default, help_text):
   """A `Config` field with its help text: //bin:train's flag of that name
   says this (`cli.define_config_flags`)."""
@@ -440,6 +445,14 @@ def _validate_numbers(config):
     if isinstance(value, float) and not math.isfinite(value):
       raise errors.ConfigError(
           f"--{field.name} must be a finite number, got {value}")
+  # Every number the run computes with becomes a float32 (or 16-bit)
+  # tensor: one beyond float32's range is infinite there.
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    if isinstance(value, float) and abs(value) > FLOAT32_MAX:
+      raise errors.ConfigError(
+          f"--{field.name}={value:g} is beyond float32's range "
+          f"({FLOAT32_MAX:.3g}), which the run computes in; lower it")
   # The seed reaches NumPy's generator (keras.utils.set_random_seed), which
   # takes 32-bit seeds only: refused here, naming the flag, before
   # TensorFlow loads.
@@ -525,6 +538,22 @@ def validate(config):
     raise errors.ConfigError(
         f"--lr_boundaries must be increasing positive steps, "
         f"got {boundaries}")
+  _check_peak_rate(config)
+
+
+def _check_peak_rate(config):
+  """ConfigError if the largest rate CONFIG's schedule reaches -- the
+  learning rate times --bias_lr_factor, times --lr_decay_factor at each
+  piecewise boundary where it is above 1 -- is not a finite float32."""
+  peak = config.learning_rate * max(1.0, config.bias_lr_factor)
+  if config.lr_schedule == "piecewise" and config.lr_decay_factor > 1:
+    peak *= config.lr_decay_factor ** len(config.lr_boundaries)
+  if not math.isfinite(peak) or peak > FLOAT32_MAX:
+    raise errors.ConfigError(
+        f"--learning_rate={config.learning_rate:g} with "
+        f"--bias_lr_factor={config.bias_lr_factor:g} and "
+        f"--lr_decay_factor={config.lr_decay_factor:g} reaches a rate beyond "
+        f"float32's range ({FLOAT32_MAX:.3g}); lower them")
 
 
 def parse_integers(name, value):

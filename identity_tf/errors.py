@@ -51,6 +51,12 @@ class ConfigError(IdentityTfError):
   or that conflicts with another or with the run in the directory."""
 
 
+class ContradictionError(ConfigError):
+  """Two names of one setting -- an earlier version's and today's -- set
+  to different values: the readers name the file and refuse it rather than
+  choose one."""
+
+
 class DataError(IdentityTfError):
   """A dataset that is not prepared, or a data file that is missing,
   malformed or larger than the machine can hold."""

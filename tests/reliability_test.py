@@ -882,6 +882,54 @@ class IntegerBoundsTest(testing.SharedRootTestCase):
                                "checkpoint_steps", "num_train_examples"},
                               set(checked))
 
+  def test_every_float_setting_is_bounded_by_what_the_run_computes_in(self):
+    # Round 5: a float beyond float32's range, a fixed scale whose draws or
+    # logits leave 16- and 32-bit floats, a rate whose product with its
+    # factors does: each refused up front, naming the option and its range.
+    from identity_tf import configs  # pylint: disable=g-import-not-at-top
+    from identity_tf import errors  # pylint: disable=g-import-not-at-top
+    import dataclasses  # pylint: disable=g-import-not-at-top
+    base = configs.PRESETS["smoke"]
+    checked = []
+    for field in dataclasses.fields(configs.Config):
+      if field.type is not float:
+        continue
+      for value in (1e300, -1e300, 3.5e38):
+        with self.subTest(field=field.name, value=value):
+          with self.assertRaises(errors.ConfigError) as caught:
+            configs.override(base, **{field.name: value})
+          self.assertStartsWith(str(caught.exception), f"--{field.name}=")
+          checked.append(field.name)
+    self.assertContainsSubset({"learning_rate", "logit_scale",
+                               "branch_init_scale", "weight_decay",
+                               "agc_clip", "bias_lr_factor"}, set(checked))
+    for name in ("logit_scale", "branch_init_scale"):
+      for value in (1e4, 1e30, 1e-4, 1e-300):
+        with self.subTest(field=name, value=value):
+          with self.assertRaisesRegex(
+              errors.ConfigError, rf"^{name} must be a number from 0.001 to "
+              rf"1000 \(beyond, .*\), got {re.escape(repr(value))}$"):
+            configs.override(base, **{name: value})
+      configs.override(base, **{name: 1000.0})  # The range's ends hold.
+      configs.override(base, **{name: 0.001})
+    for overrides in ({"learning_rate": 1e20, "bias_lr_factor": 1e20},
+                      {"learning_rate": 1e30, "lr_schedule": "piecewise",
+                       "lr_boundaries": (10, 20, 30), "lr_decay_factor":
+                       1e4}):
+      with self.subTest(**{k: str(v) for k, v in overrides.items()}):
+        with self.assertRaisesRegex(errors.ConfigError,
+                                    r"^--learning_rate=.* reaches a rate "
+                                    r"beyond float32's range"):
+          configs.override(base, **overrides)
+    # train's line, before anything is built or written.
+    model_dir = os.path.join(self.root, "scaled")
+    status, stderr, stdout = testing.train_in_process(
+        *SMOKE, "--logit_scale=1e300", f"--model_dir={model_dir}")
+    self.assertEqual(status, 1, stderr)
+    self.assertStartsWith(stderr.strip().splitlines()[-1],
+                          "error: --logit_scale=1e+300 is beyond float32's")
+    self.assertEqual((stdout, os.path.exists(model_dir)), ("", False))
+
   def test_a_huge_integer_flag_is_refused_before_anything_runs(self):
     model_dir = os.path.join(self.root, "run")
     huge = 10**20

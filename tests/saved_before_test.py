@@ -148,6 +148,54 @@ class SavedRunTest(testing.SharedRootTestCase):
                "branch_init": "paper",
                "branch_init_scale": old["ws_init_scale"]})
 
+  def test_an_old_name_contradicting_a_new_one_is_refused(self):
+    # Today's option beside the earlier name it contradicts: which the user
+    # meant cannot be told, so no reading is chosen (and the file is not
+    # rewritten under either). Where the pair sits decides who reads it:
+    # "config" (train resumes from it) and model.options (evaluate
+    # restores the network from it).
+    from identity_tf.training import evaluation  # pylint: disable=g-import-not-at-top
+    pairs = {
+        "branch_gain": ("residual", "skipinit_ws_small", "branch_gain",
+                        "none"),
+        "weight_standardization": ("residual", "skipinit_ws",
+                                   "weight_standardization", False),
+        "branch_init_scale": ("ws_init_scale", 2.0, "branch_init_scale", 3.0),
+    }
+    for name, (old_key, old_value, new_key, new_value) in pairs.items():
+      for place in ("options", "config"):
+        with self.subTest(pair=name, place=place):
+          model_dir = self._copy("run_7353787", f"{name}_{place}")
+          path = os.path.join(model_dir, "config.json")
+          with open(path) as f:
+            description = json.load(f)
+          target = (description["config"] if place == "config"
+                    else description["model"]["options"])
+          target.update({old_key: old_value, new_key: new_value})
+          with open(path, "w") as f:
+            json.dump(description, f)
+          before = testing.snapshot(model_dir)
+          # Whichever reads it: train, and evaluate's network.
+          status, stderr, _ = testing.train_in_process(
+              f"--model_dir={model_dir}", "--train_steps=30")
+          self.assertEqual(status, 1, stderr)
+          line = stderr.strip().splitlines()[-1]
+          if place == "options":
+            with self.assertRaises(ValueError) as caught:
+              evaluation.evaluate_run(model_dir, emit=print, note=print)
+            self.assertEqual(f"error: {caught.exception}", line)
+          self.assertStartsWith(line, f"error: {path}: {old_key} "
+                                f"{old_value!r} (an earlier version's name")
+          self.assertIn(f"contradicts {new_key} {new_value!r}: keep one",
+                        line)
+          self.assertEqual(testing.snapshot(model_dir), before)
+    # The binary's part, once: the line, exit status 1, no traceback.
+    result = testing.run_binary("train", f"--model_dir={model_dir}",
+                                "--train_steps=30")
+    self.assertEqual(result.returncode, 1)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertIn("contradicts", testing.last_stderr_line(result))
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -380,7 +380,8 @@ class RunStatusTest(absltest.TestCase):
         run, _ = study._run_results(model_dir, 0)
         self.assertEqual(run["curves"], {"train_loss": [[10, 1.5],
                                                         [20, 1.25]],
-                                         "test_top1": [[20, 0.5]]})
+                                         "test_top1": [[20, 0.5]],
+                                         "validation_top1": []})
 
   def test_a_run_without_an_end_is_pending(self):
     model_dir = self.create_tempdir().full_path
@@ -756,6 +757,75 @@ class ResultsTablesTest(absltest.TestCase):
     self.assertEqual(testing.last_stderr_line(result),
                      f"error: no absent in {results_dir} (it holds other, "
                      "tiny); fix --files")
+
+  def test_a_bad_value_is_named_and_the_other_tables_print(self):
+    results_dir = self.create_tempdir().full_path
+    good = {"title": "Good", "cpu": "none", "arms": [
+        {"name": "ours", "description": "", "runs": [
+            {"seed": 0, "status": "done", "final_top1": 0.93,
+             "train_set": {"loss": 0.1}},
+            {"seed": 1, "status": "done", "final_top1": 0.92}]}]}
+    with open(os.path.join(results_dir, "good.json"), "w") as f:
+      json.dump(good, f)
+
+    def run(**fields):
+      return {"seed": 2, "status": "done", "final_top1": 0.9, **fields}
+
+    where = "arm ours, seed 2: "
+    variants = {
+        "a seed twice": ([run(seed=0)], "arm ours, seed 0: the seed is "
+                         "listed twice, expected each seed once"),
+        "done without a value": (
+            [run(final_top1=None)], where + 'the run is "done" but its '
+            '"final_top1" is null, expected its test top-1'),
+        "NaN": ([run(final_top1=float("nan"))],
+                where + '"final_top1" is nan, expected a test top-1 from 0 '
+                "to 1"),
+        "a string": ([run(best_top1="93.1")], where + '"best_top1" is the '
+                     "string '93.1', expected a test top-1 from 0 to 1"),
+        "1e308": ([run(final_top1=1e308)],
+                  where + '"final_top1" is 1e+308, expected a test top-1'),
+        "a negative loss": ([run(train_set={"loss": -0.1})], where +
+                            '"train_set.loss" is -0.1, expected a finite '
+                            "loss >= 0"),
+        "a boolean seed": ([run(seed=True)], 'arm ours: a run\'s "seed" is '
+                           "true (a boolean), expected a whole number"),
+        "an infinite wall time": ([run(wall_minutes=float("inf"))],
+                                  where + '"wall_minutes" is inf'),
+    }
+    for name, (extra, message) in variants.items():
+      with self.subTest(name):
+        data = json.loads(json.dumps(good))
+        data["arms"][0]["runs"] += extra
+        path = os.path.join(results_dir, "bad.json")
+        with open(path, "w") as f:
+          json.dump(data, f)
+        files, damaged = results_tables.load(results_dir)
+        self.assertEqual(sorted(files), ["good"])
+        self.assertStartsWith(damaged["bad"], f"{path}: {message}")
+        self.assertNotIn("\n", damaged["bad"])
+    # Nested too deep for Python's parser, and not JSON: one line each.
+    path = os.path.join(results_dir, "bad.json")
+    for text, line in (("[" * 3000 + "]" * 3000,
+                        f"{path} is JSON nested too deeply"),
+                       ("{", f"cannot read {path} (Expecting")):
+      with open(path, "w") as f:
+        f.write(text)
+      self.assertStartsWith(results_tables.load(results_dir)[1]["bad"], line)
+    # The binary: the good file's table, the bad one's line, exit 1; a
+    # --files naming only the good one is untouched by the bad one.
+    result = testing.run_binary("results_tables",
+                                f"--results_dir={results_dir}")
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("## Good (good.json)", result.stdout)
+    self.assertIn(f"error: cannot read {results_dir}/bad.json",
+                  result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    alone = testing.run_binary("results_tables",
+                               f"--results_dir={results_dir}",
+                               "--files=good", check=True)
+    self.assertIn("| ours | 0, 1 | 92.50 ± 0.71 (93.00, 92.00) |",
+                  alone.stdout)
 
   def test_a_figure_from_the_curves_a_file_carries(self):
     results_dir = self.create_tempdir().full_path

@@ -633,6 +633,28 @@ class FailedSaveTest(absltest.TestCase):
     self.assertEqual(checkpoints.find_checkpoint(self.directory),
                      os.path.join(self.directory, "ckpt-1"))
 
+  def test_a_huge_digest_record_is_refused_unread(self):
+    # 300 MB where a record of one checkpoint is 200 bytes: refused from a
+    # bounded prefix (read whole, it took 1.5 GB before it was refused).
+    prefix = os.path.join(self.directory, "ckpt-1")
+    self.assertIsNone(checkpoints.damage(prefix))
+    with open(prefix + ".sha256", "r+b") as f:
+      f.truncate(300 << 20)  # Sparse: no disk, no time.
+    read = []
+    real_gfile = tf.io.gfile.GFile
+
+    class CountingGFile(real_gfile):
+
+      def read(self, n=-1):
+        data = super().read(n)
+        read.append(len(data))
+        return data
+
+    with mock.patch.object(tf.io.gfile, "GFile", CountingGFile):
+      self.assertEqual(checkpoints.damage(prefix),
+                       "its .sha256 record is unreadable")
+    self.assertLessEqual(sum(read), checkpoints.MAX_DIGEST_BYTES + 1)
+
   def test_a_save_that_fails_while_writing_leaves_the_previous_one(self):
     def disk_full(checkpoint_number):
       # Half a checkpoint: the index is written, the data is not.

@@ -145,6 +145,11 @@ def _files(prefix):
                 tf.io.gfile.glob(prefix + ".data-*"))
 
 
+# The largest .sha256 record `damage` reads: a checkpoint of ten thousand
+# shards' record is about 1 MB.
+MAX_DIGEST_BYTES = 1 << 20
+
+
 def _sha256(path):
   digest = hashlib.sha256()
   with tf.io.gfile.GFile(path, "rb") as f:
@@ -191,8 +196,13 @@ def damage(prefix):
     return missing
   if tf.io.gfile.exists(prefix + ".sha256"):
     try:
-      with tf.io.gfile.GFile(prefix + ".sha256") as f:
-        recorded = json.load(f)
+      # A bounded prefix: a record is ~100 bytes per file of the
+      # checkpoint, and a file far larger is none (read whole, 300 MB took
+      # 1.5 GB before it was refused).
+      with tf.io.gfile.GFile(prefix + ".sha256", "rb") as f:
+        text = f.read(MAX_DIGEST_BYTES + 1)
+      recorded = (None if len(text) > MAX_DIGEST_BYTES
+                  else json.loads(text))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
       recorded = None
     # `write_digest` writes {file name: digest}; anything else was not

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 
+from identity_tf import architectures
 from identity_tf import configs
 from identity_tf import errors
 from identity_tf import files
@@ -103,6 +104,14 @@ def read(model_dir):
         "a new --model_dir")
   _check_known(file, description)
   _history(model_dir, description)
+  # An earlier version's name beside today's that contradicts it, where
+  # either reader looks (the configuration, the network's options): every
+  # command refuses the file, none rewrites it under one reading.
+  for values in (description["config"], model["options"]):
+    try:
+      architectures.translate_legacy(values)
+    except errors.ContradictionError as e:
+      raise errors.ContradictionError(f"{file}: {e}") from None
   return description
 
 

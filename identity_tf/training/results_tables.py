@@ -18,14 +18,26 @@ file alone.
 """
 
 import json
+import math
 import os
 
 from identity_tf import errors
 from identity_tf.training import statistics
 
 
+# The largest result file read: the committed ones are a few hundred kB
+# (curves included).
+MAX_FILE_BYTES = 64 << 20
+# How a run of a result file ended (`study.collect` writes the first four).
+STATUSES = ("done", "diverged", "pending", "running", "started", "stopped")
+
+
 def load(results_dir, names=None):
-  """{name: the JSON of results_dir/NAME.json} for NAMES (default: all)."""
+  """({name: the JSON of results_dir/NAME.json}, {name: why it is not a
+  result file, one line}) for NAMES (default: all). Every file is checked
+  (`check`), so that a damaged one is named and the tables of the others
+  still print; ConfigError only for a directory or a name that is not
+  there."""
   if not os.path.isdir(results_dir):
     raise errors.ConfigError(f"--results_dir {results_dir} is not a directory; run "
                      "from the repository's root or pass --results_dir")
@@ -35,16 +47,143 @@ def load(results_dir, names=None):
   if missing:
     raise errors.ConfigError(f"no {', '.join(missing)} in {results_dir} (it holds "
                      f"{', '.join(found) or 'no .json file'}); fix --files")
-  files = {}
+  files, damaged = {}, {}
   for name in found:
     path = os.path.join(results_dir, name + ".json")
     try:
-      with open(path) as f:
-        files[name] = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-      raise errors.ConfigError(f"cannot read {path} ({e}); fix or remove "
-                       "it") from None
-  return files
+      files[name] = check(_read(path), path)
+    except errors.ConfigError as e:
+      damaged[name] = str(e)
+  return files, damaged
+
+
+def _read(path):
+  """The JSON of PATH; ConfigError (one line naming it) if it cannot be
+  read, is too large, or is not JSON."""
+  try:
+    if os.path.getsize(path) > MAX_FILE_BYTES:
+      raise errors.ConfigError(
+          f"{path} is over {MAX_FILE_BYTES >> 20} MB, not a result file; "
+          "fix or remove it")
+    with open(path, "rb") as f:
+      return json.load(f)
+  except errors.ConfigError:
+    raise
+  except RecursionError:
+    raise errors.ConfigError(f"{path} is JSON nested too deeply to be a "
+                             "result file; fix or remove it") from None
+  except (OSError, ValueError) as e:  # UnicodeDecodeError, JSONDecodeError.
+    reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:160]
+    raise errors.ConfigError(f"cannot read {path} ({reason}); fix or "
+                             "remove it") from None
+
+
+def _kind(value):
+  if value is None:
+    return "null"
+  if isinstance(value, bool):
+    return f"{str(value).lower()} (a boolean)"
+  if isinstance(value, (int, float)):
+    return f"{value!r}"
+  if isinstance(value, str):
+    return f"the string {value[:40]!r}"
+  return {dict: "an object", list: "a list"}.get(type(value), "unknown")
+
+
+def _number(value, low, high=None):
+  """Whether VALUE is a finite number in [LOW, HIGH] (no bound: None)."""
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and value >= low and
+          (high is None or value <= high))
+
+
+# A run's numbers: (field, low, high, what it is), None allowed for each.
+_RUN_NUMBERS = (
+    ("final_top1", 0, 1, "a test top-1 from 0 to 1"),
+    ("best_top1", 0, 1, "a test top-1 from 0 to 1"),
+    ("final_validation_top1", 0, 1, "a validation top-1 from 0 to 1"),
+    ("final_validation_loss", 0, None, "a finite loss >= 0"),
+    ("final_training_loss", 0, None, "a finite loss >= 0"),
+    ("test_top5", 0, 1, "a top-5 from 0 to 1"),
+    ("test_loss", 0, None, "a finite loss >= 0"),
+    ("wall_minutes", 0, None, "minutes >= 0"),
+    ("wall_seconds", 0, None, "seconds >= 0"),
+)
+_TRAIN_SET = (("loss", 0, None, "a finite loss >= 0"),
+              ("top1", 0, 1, "a top-1 from 0 to 1"),
+              ("top5", 0, 1, "a top-5 from 0 to 1"))
+
+
+def check(data, path):
+  """DATA (the JSON of result file PATH) if its values are a result
+  file's, else ConfigError, one line naming the file, the arm, the seed and
+  the field with what was expected: every number a table or a comparison
+  takes typed and in range (a top-1 in [0, 1], a loss finite and >= 0),
+  each seed once per arm, and a finished run with its final top-1 -- a
+  value that is wrong there is a wrong published number."""
+  def bad(where, message):
+    raise errors.ConfigError(f"{path}: {where}{message}; fix it "
+                             "(docs/results/README.md has the format)")
+  if not isinstance(data, dict):
+    bad("", f"the file is {_kind(data)}, expected an object")
+  if not isinstance(data.get("arms"), list):
+    bad("", f'"arms" is {_kind(data.get("arms"))}, expected a list')
+  for key in ("margin",):
+    if key in data and not _number(data[key], 0, 1):
+      bad("", f'"{key}" is {_kind(data[key])}, expected a number from 0 '
+          "to 1")
+  for number, arm in enumerate(data["arms"]):
+    if not isinstance(arm, dict) or not isinstance(arm.get("name"), str):
+      bad(f"arm {number}: ", "expected an object with a \"name\" string")
+    name = arm["name"]
+    runs = arm.get("runs")
+    if not isinstance(runs, list):
+      bad(f"arm {name}: ", f'"runs" is {_kind(runs)}, expected a list')
+    seen = set()
+    for run in runs:
+      if not isinstance(run, dict):
+        bad(f"arm {name}: ", f"a run is {_kind(run)}, expected an object")
+      seed = run.get("seed")
+      if not (isinstance(seed, int) and not isinstance(seed, bool)
+              and seed >= 0):
+        bad(f"arm {name}: ", f'a run\'s "seed" is {_kind(seed)}, expected '
+            "a whole number >= 0")
+      where = f"arm {name}, seed {seed}: "
+      if seed in seen:
+        bad(where, "the seed is listed twice, expected each seed once")
+      seen.add(seed)
+      _check_run(run, where, bad)
+  return data
+
+
+def _check_run(run, where, bad):
+  """`check`'s checks of one RUN (WHERE names it; BAD raises)."""
+  status = run.get("status")
+  if status is not None and status not in STATUSES:
+    bad(where, f'"status" is {_kind(status)}, expected one of '
+        + ", ".join(STATUSES))
+  for field, low, high, what in _RUN_NUMBERS:
+    value = run.get(field)
+    if value is not None and not _number(value, low, high):
+      bad(where, f'"{field}" is {_kind(value)}, expected {what}')
+  if status == "done" and run.get("final_top1") is None and (
+      run.get("final_validation_top1") is None):
+    bad(where, 'the run is "done" but its "final_top1" is '
+        f'{_kind(run.get("final_top1"))}, expected its test top-1')
+  nan_step = run.get("nan_step")
+  if nan_step is not None and not (isinstance(nan_step, int) and
+                                   not isinstance(nan_step, bool)):
+    bad(where, f'"nan_step" is {_kind(nan_step)}, expected a step or null')
+  if status == "diverged" and run.get("final_top1") is not None:
+    bad(where, 'the run "diverged" but has a "final_top1", expected null')
+  train_set = run.get("train_set")
+  if train_set is not None:
+    if not isinstance(train_set, dict):
+      bad(where, f'"train_set" is {_kind(train_set)}, expected an object')
+    for field, low, high, what in _TRAIN_SET:
+      value = train_set.get(field)
+      if value is not None and not _number(value, low, high):
+        bad(where, f'"train_set.{field}" is {_kind(value)}, expected {what}')
 
 
 def curves_of(data, name, arm_names):
@@ -110,8 +249,10 @@ def _arm(files, reference, name):
   from file NAME."""
   where, _, arm_name = reference.rpartition(":")
   if (where or name) not in files:
-    raise errors.ConfigError(f"{name}.json compares with {reference}, but there is "
-                     f"no {where}.json; fix its comparisons")
+    raise errors.ConfigError(
+        f"{name}.json compares with {reference}, but {where}.json is not a "
+        "result file here (missing, or damaged: named on its own line); fix "
+        "it or the comparisons")
   arms = {arm["name"]: arm for arm in files[where or name]["arms"]}
   if arm_name not in arms:
     raise errors.ConfigError(f"{name}.json compares with {reference}, which is not "
