@@ -20,6 +20,7 @@ import datetime
 import functools
 import json
 import os
+import re
 import time
 
 from absl import logging
@@ -27,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from identity_tf import errors
 from identity_tf import machine
 from identity_tf import model as model_lib
 from identity_tf.data import pipeline
@@ -410,13 +412,49 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
   run = run_lib.prepare(config, info, model_dir, data_dir,
                         replicas=strategy.num_replicas_in_sync)
   options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
-  if not distribute.is_chief(config.strategy):
-    return _train(Trainer(run, strategy, chief=False, **options), echo,
-                  verbose)
-  checkpoints.check_writable(model_dir)
-  with checkpoints.lock(model_dir):
-    config_file.check_resumable(model_dir, config)
-    return _train(Trainer(run, strategy, **options), echo, verbose)
+  with _determinism_errors(config):
+    if not distribute.is_chief(config.strategy):
+      return _train(Trainer(run, strategy, chief=False, **options), echo,
+                    verbose)
+    checkpoints.check_writable(model_dir)
+    with checkpoints.lock(model_dir):
+      config_file.check_resumable(model_dir, config)
+      return _train(Trainer(run, strategy, **options), echo, verbose)
+
+
+# What TensorFlow says when, under op determinism, an op has no
+# deterministic kernel on the device, or a random op no seed.
+_DETERMINISM_MESSAGE = ("determinism", "deterministic")
+
+
+@contextlib.contextmanager
+def _determinism_errors(config):
+  """Under --deterministic, TensorFlow's error for an op it cannot run
+  deterministically (tf.errors.UnimplementedError, or the RuntimeError of
+  an unseeded random op) as one ConfigError naming the op: the run stops
+  at once, as it would without a checkpoint to lose."""
+  try:
+    yield
+  except (tf.errors.OpError, RuntimeError) as e:
+    text = getattr(e, "message", None) or str(e)
+    if not config.deterministic or not any(
+        word in text.lower() for word in _DETERMINISM_MESSAGE):
+      raise
+    raise errors.ConfigError(determinism_line(text)) from None
+
+
+def determinism_line(text):
+  """The one line of TensorFlow's determinism error TEXT: the op it names
+  (its node, or the op type), what TensorFlow said, and the fix."""
+  node = re.search(r"\[\[\{\{node ([^}]+)\}\}\]\]|node '?([\w/.-]+)'?",
+                   text)
+  op = (next(g for g in node.groups() if g) if node else None)
+  said = next((line.strip() for line in text.splitlines()
+               if any(w in line.lower() for w in _DETERMINISM_MESSAGE)),
+              text.splitlines()[0] if text else "")
+  return (f"--deterministic: {f'op {op} ' if op else 'an op '}has no "
+          f"deterministic implementation here ({said[:200]}); run without "
+          "--deterministic, or replace the op")
 
 
 def _train(trainer, echo, verbose):
