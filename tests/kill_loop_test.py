@@ -41,10 +41,18 @@ FLAGS = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
          f"--train_steps={TRAIN_STEPS}", f"--checkpoint_steps={CHECKPOINT_STEPS}",
          "--log_steps=5", "--steps_per_loop=5", "--keep_checkpoints=3",
          "--noeval_at_end", "--deterministic"]
-# Runs that are not killed save and log once: how often a run saves does not
-# change its steps (the same steps_per_loop chunks, the same input stream),
-# and 100 saves with their digests were most of the test's time.
-QUIET = [f"--checkpoint_steps={TRAIN_STEPS}", f"--log_steps={TRAIN_STEPS}"]
+# The run that finishes after the kills stops FINAL_MARGIN steps past the
+# newest checkpoint (the smoke preset's rate is constant: the budget
+# changes no step), and the uninterrupted reference trains to the same
+# step in this process; both save and log once. How often a run saves does
+# not change its steps (the same steps_per_loop chunks, the same input
+# stream).
+FINAL_MARGIN = 40
+
+
+def _quiet(steps):
+  return [f"--train_steps={steps}", f"--checkpoint_steps={steps}",
+          f"--log_steps={steps}"]
 
 
 def _tensors(model_dir):
@@ -55,15 +63,16 @@ def _tensors(model_dir):
               ("save_counter", "_CHECKPOINT"))}
 
 
-class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
+class KillLoopTest(testing.ProcessTestCase):
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    reference = os.path.join(cls.root, "reference")
-    testing.run_binary("train", f"--model_dir={reference}", *FLAGS, *QUIET,
-                       check=True)
-    cls.reference = _tensors(reference)
+  def _reference(self, steps):
+    """The weights of an uninterrupted run of FLAGS to STEPS, trained in
+    this process (`testing.train_in_process`: what bin/train's main does)."""
+    reference = os.path.join(self.create_tempdir().full_path, "reference")
+    status, stderr, _ = testing.train_in_process(
+        f"--model_dir={reference}", *FLAGS, *_quiet(steps))
+    self.assertEqual(status, 0, stderr)
+    return _tensors(reference)
 
   def _run_until_killed(self, model_dir, rng):
     """Starts the training, kills it at a random moment; returns (its
@@ -132,21 +141,22 @@ class KillLoopTest(testing.SharedRoot, testing.ProcessTestCase):
       print(f"kill {kills}: reported {reported}, resumes from {newest}"
             + (f", damaged {sorted(map(os.path.basename, damaged))}"
                if damaged else ""))
-    testing.run_binary("train", f"--model_dir={model_dir}", *FLAGS, *QUIET,
-                       check=True)
+    final_step = resumed_from[-1] + FINAL_MARGIN
+    testing.run_binary("train", f"--model_dir={model_dir}", *FLAGS,
+                       *_quiet(final_step), check=True)
     # Each session's "start" record in metrics.jsonl is the newest intact
     # checkpoint after the kill before it; its first progress record (if it
     # wrote one before its kill) is one --log_steps (5) on, the last
-    # session's (QUIET) at the end.
+    # session's (saving and logging once) at its end.
     sessions = testing.sessions(model_dir)
     self.assertEqual([start for start, _ in sessions], resumed_from)
-    expected_first = [start + 5 for start in resumed_from[:-1]] + [TRAIN_STEPS]
+    expected_first = [start + 5 for start in resumed_from[:-1]] + [final_step]
     for (_, first), expected in zip(sessions, expected_first):
       self.assertIn(first, (None, expected), sessions)
-    self.assertEqual(sessions[-1][1], TRAIN_STEPS)
-    final = _tensors(model_dir)
-    self.assertEqual(sorted(final), sorted(self.reference))
-    for name, value in self.reference.items():
+    self.assertEqual(sessions[-1][1], final_step)
+    final, reference = _tensors(model_dir), self._reference(final_step)
+    self.assertEqual(sorted(final), sorted(reference))
+    for name, value in reference.items():
       self.assertTrue(np.array_equal(final[name], value),
                       f"{name} differs from the uninterrupted run")
 

@@ -49,7 +49,8 @@ SMOKE = ["--preset=smoke", "--width=0.0625", "--units=1", "--batch_size=16",
 def _float_flags(binary):
   """The float flags BINARY defines: absl's --helpfull says "(a number)",
   or "(number >= 0.001)" and the like for one with bounds."""
-  result = testing.run_binary(binary, "--helpfull")
+  # A fresh interpreter: a forked one has TensorFlow's flags defined too.
+  result = testing.run_binary(binary, "--helpfull", fresh=True)
   text = result.stdout + result.stderr
   names = set()
   for block in re.split(r"\n\s*(?=--)", text):

@@ -195,6 +195,8 @@ class TfConfigTest(testing.ProcessTestCase):
     workers = [self.start_binary(
         "train", *TINY, "--train_steps=10", "--eval_at_end=false",
         "--strategy=multi_worker_mirrored", f"--model_dir={dirs[i]}",
+        # Its wait for the chief's checkpoint: at most the cluster's.
+        "--cluster_timeout=15",
         env=_env({"cluster": cluster, "task": {"type": "worker", "index": i}}))
                for i in range(2)]
     outputs = [w.communicate(timeout=300) for w in workers]
@@ -205,7 +207,7 @@ class TfConfigTest(testing.ProcessTestCase):
     last = [line for line in outputs[1][1].splitlines() if line.strip()][-1]
     self.assertEqual(
         last, f"error: the chief's checkpoint of step 10 is not in "
-        f"--model_dir={dirs[1]} (waited 30 s), so this worker kept its own "
+        f"--model_dir={dirs[1]} (waited 15 s), so this worker kept its own "
         f"copy in {scratch}: --model_dir must be a directory every worker of "
         "the cluster sees (docs/training.md, Strategies)")
     self.assertEqual(_checkpoint_steps(scratch), [10])

@@ -1,5 +1,6 @@
 """Shared test helpers: run a binary as a user would; small real datasets."""
 
+import atexit
 import concurrent.futures
 import contextlib
 import copy
@@ -48,11 +49,44 @@ def binary_env(env=None):
   return child_env
 
 
-def run_binary(name, *args, timeout=600, env=None, check=False):
-  """Runs bin/NAME.py with ARGS in a fresh interpreter; returns CompletedProcess."""
-  result = subprocess.run(
-      binary_command(name, *args), capture_output=True, text=True,
-      timeout=timeout, env=binary_env(env), check=False)
+# The environment variables a forked binary may differ in from this
+# process's: read when a command runs, not when TensorFlow is imported.
+_FORKABLE_ENV = ("TF_CONFIG", "BUILD_WORKING_DIRECTORY")
+
+
+def _forkable(env):
+  """Whether a binary run in ENV (None: ours) can be forked from a
+  `_ForkServer` -- whose interpreter imported TensorFlow in our
+  environment -- and behave as a fresh process would."""
+  if env is None or os.environ.get("IDENTITY_TF_TEST_FRESH_PROCESSES"):
+    return env is None and not os.environ.get(
+        "IDENTITY_TF_TEST_FRESH_PROCESSES")
+  keys = set(env) | set(os.environ)
+  return all(env.get(k) == os.environ.get(k) for k in keys
+             if k not in _FORKABLE_ENV)
+
+
+def run_binary(name, *args, timeout=600, env=None, check=False,
+               fresh=False):
+  """Runs bin/NAME.py with ARGS as a process of its own; returns
+  CompletedProcess.
+
+  The process is forked from an interpreter that has imported TensorFlow
+  and the library already (`_ForkServer`), so it starts in milliseconds,
+  not seconds: it is still a process of its own -- its own argv, exit
+  status, signals, stdout and stderr, files and TensorFlow runtime -- whose
+  binary parses its flags and runs its main() from the start. Where the
+  test checks what happens as the interpreter starts (its environment, the
+  start-up lines, HOME), FRESH (or an ENV beyond `_FORKABLE_ENV`) runs a
+  new interpreter instead; IDENTITY_TF_TEST_FRESH_PROCESSES=1 does for
+  every run."""
+  if not fresh and _forkable(env):
+    result = _fork_server().run(binary_command(name, *args),
+                                binary_env(env), timeout)
+  else:
+    result = subprocess.run(
+        binary_command(name, *args), capture_output=True, text=True,
+        timeout=timeout, env=binary_env(env), check=False)
   if check and result.returncode != 0:
     raise AssertionError(
         f"bin/{name}.py {' '.join(map(str, args))} exited {result.returncode}:\n"
@@ -67,6 +101,150 @@ def run_binaries(name, runs, workers, env=None):
     futures = {key: pool.submit(run_binary, name, *args, env=env)
                for key, args in runs.items()}
     return {key: future.result() for key, future in futures.items()}
+
+
+# The interpreter of `_ForkServer`: it imports TensorFlow, Keras and the
+# library and lists the devices (and runs no op, so that no runtime thread
+# exists to be copied half-way; absl's flags of TensorFlow's modules are
+# defined in it, so --helpfull lists more than a fresh binary's), then for each request on stdin -- {"argv", "env", "cwd",
+# "stdout", "stderr"} as JSON -- forks a child that becomes the binary: its
+# environment, directory, argv and standard streams (files), the binary
+# run as __main__ from its first line, its exit status that of
+# SystemExit as the interpreter makes it. The server answers on the file
+# descriptor it was given: {"pid"} at once (for a timeout's kill), then
+# {"status"} (negative: the signal that ended the child).
+_FORK_SERVER = """
+import json, os, runpy, shutil, signal, sys, tempfile, traceback
+answer = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+sys.stdout = sys.stderr
+# Keras and Matplotlib write under their homes as they are imported: a
+# scratch directory of the server's, as a binary's own (cli).
+scratch = tempfile.mkdtemp(prefix="identity_tf_fork_server_")
+os.environ.setdefault("KERAS_HOME", os.path.join(scratch, "keras_home"))
+os.environ.setdefault("MPLCONFIGDIR", os.path.join(scratch, "mplconfigdir"))
+import tensorflow, keras
+import identity_tf.commands.cli, identity_tf.training.trainer
+import identity_tf.training.evaluation, identity_tf.serving.export
+import identity_tf.data.tfds_data
+# The devices listed here, where a fresh binary lists them with its
+# start-up lines captured (`cli.start_tensorflow_quietly`): no thread yet.
+tensorflow.config.list_physical_devices()
+for line in sys.stdin:
+  request = json.loads(line)
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.chdir(request["cwd"])
+      os.environ.clear()
+      os.environ.update(request["env"])
+      for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+      os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+      sys.stdin = open(0, closefd=False)
+      sys.stdout = open(1, "w", closefd=False)
+      sys.stderr = open(2, "w", buffering=1, closefd=False)
+      for number in (signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(number, signal.SIG_DFL)
+      signal.signal(signal.SIGINT, signal.default_int_handler)
+      script = request["argv"][1]
+      sys.argv = request["argv"][1:]
+      sys.path[0] = os.path.dirname(script)
+      status = 0
+      try:
+        runpy.run_path(script, run_name="__main__")
+      except SystemExit as e:
+        if isinstance(e.code, int) or e.code is None:
+          status = e.code or 0
+        else:
+          print(e.code, file=sys.stderr)
+          status = 1
+      except BaseException:
+        traceback.print_exc()
+        status = 1
+      import atexit
+      atexit._run_exitfuncs()
+      for stream in (sys.stdout, sys.stderr):
+        try:
+          stream.flush()
+        except Exception:
+          pass
+      os._exit(status)
+    except BaseException:
+      os._exit(70)
+  answer.write(json.dumps({"pid": pid}) + "\\n")
+  _, code = os.waitpid(pid, 0)
+  status = (-os.WTERMSIG(code) if os.WIFSIGNALED(code)
+            else os.WEXITSTATUS(code))
+  answer.write(json.dumps({"status": status}) + "\\n")
+shutil.rmtree(scratch, ignore_errors=True)
+"""
+
+
+class _ForkServer:
+  """A long-lived interpreter that forks the binaries `run_binary` runs
+  (`_FORK_SERVER`); one per thread of this process."""
+
+  def __init__(self):
+    read, write = os.pipe()
+    self._process = subprocess.Popen(
+        [sys.executable, "-c", _FORK_SERVER, str(write)], pass_fds=(write,),
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, text=True, env=binary_env())
+    os.close(write)
+    self._answers = os.fdopen(read)
+    atexit.register(self.close)
+
+  def close(self):
+    """Ends the server (its stdin closed, it leaves its loop)."""
+    if self._process.poll() is None:
+      self._process.stdin.close()
+      try:
+        self._process.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        self._process.kill()
+        self._process.wait()
+    self._answers.close()
+
+  def _answer(self, timeout):
+    import select  # pylint: disable=g-import-not-at-top
+    ready, _, _ = select.select([self._answers], [], [], timeout)
+    if not ready:
+      return None
+    line = self._answers.readline()
+    if not line:
+      raise AssertionError("the test's fork server stopped")
+    return json.loads(line)
+
+  def run(self, command, env, timeout):
+    """CompletedProcess of COMMAND ([python, script, args...]) in ENV."""
+    with tempfile.TemporaryDirectory() as scratch:
+      streams = {name: os.path.join(scratch, name)
+                 for name in ("stdout", "stderr")}
+      self._process.stdin.write(json.dumps(
+          {"argv": command, "env": env, "cwd": os.getcwd(), **streams})
+          + "\n")
+      self._process.stdin.flush()
+      pid = self._answer(60)["pid"]
+      answer = self._answer(timeout)
+      if answer is None:
+        os.kill(pid, 9)
+        self._answer(60)
+        raise subprocess.TimeoutExpired(command, timeout)
+      outputs = {}
+      for name, path in streams.items():
+        with open(path, errors="replace") as f:
+          outputs[name] = f.read()
+    return subprocess.CompletedProcess(command, answer["status"],
+                                       outputs["stdout"], outputs["stderr"])
+
+
+_servers = __import__("threading").local()
+
+
+def _fork_server():
+  if getattr(_servers, "server", None) is None:
+    _servers.server = _ForkServer()
+  return _servers.server
 
 
 # The interpreter of `flag_checks`: it loads bin/NAME.py (argv[1]) once as a

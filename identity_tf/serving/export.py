@@ -644,6 +644,9 @@ def export_run(model_dir, export_dir, *, checkpoint=None, version=None,
     raise errors.ServingError(
         f"--model_dir={model_dir} does not exist; pass the directory of a "
         "training run (", errors.Command("train"), ")")
+  from identity_tf.training import shipped  # pylint: disable=g-import-not-at-top
+  if shipped.is_shipped(model_dir):
+    shipped.verify(model_dir)  # What is exported is what was shipped.
   path = checkpoints.find_checkpoint(model_dir, checkpoint, echo)
   model, run, step = checkpoints.restore_checkpoint(model_dir, path)
   version, version_dir = export_model(

@@ -18,6 +18,7 @@ from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
 from identity_tf.training import metrics
 from identity_tf.training import run as run_lib
+from identity_tf.training import shipped
 
 
 def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
@@ -97,6 +98,14 @@ def evaluate_run(model_dir, *, checkpoint=None, dataset=None, data_dir=None,
   is evaluated or none arrives for WATCH_TIMEOUT seconds.
   """
   run = run_lib.read(model_dir, data_dir)  # A clear error if it is no run.
+  if shipped.is_shipped(model_dir):
+    # A network shipped with the repository: checked against its manifest,
+    # and left as it is (its scores are the manifest's to state).
+    shipped.verify(model_dir)
+    if write_summaries:
+      note(f"note: {model_dir} is a shipped model: the result is not "
+           "recorded in it")
+    write_summaries = False
   evaluate_checkpoint = _checkpoint_evaluator(
       run, dataset, batch_size, num_examples, write_summaries, emit, note)
   if not watch:

@@ -59,8 +59,11 @@ class Trainer:
   """
 
   def __init__(self, run, strategy, *, chief=True, coordinator=None,
-               dataset_fn=None):
+               dataset_fn=None, peer_wait=checkpoints.CHIEF_CHECKPOINT_WAIT):
     self.run = run
+    # How long a worker that is not the chief waits for the chief's last
+    # checkpoint (`finish`).
+    self._peer_wait = peer_wait
     self.config = run.config
     self.chief = chief
     self.strategy = strategy
@@ -238,7 +241,8 @@ class Trainer:
     """A worker's own checkpoints (not the chief's) are scratch once the
     chief's of the same step is in model_dir (`discard_worker_copy`)."""
     if not self.chief:
-      checkpoints.discard_worker_copy(self.checkpoint_dir, self.run.model_dir)
+      checkpoints.discard_worker_copy(self.checkpoint_dir, self.run.model_dir,
+                                      wait=self._peer_wait)
 
   # -------------------------------------------------------------------------
   # Steps, evaluation and what a progress line reports.
@@ -411,7 +415,11 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
           else tfds_data.prepared_info(config.dataset, data_dir))
   run = run_lib.prepare(config, info, model_dir, data_dir,
                         replicas=strategy.num_replicas_in_sync)
-  options = dict(coordinator=coordinator, dataset_fn=dataset_fn)
+  # A worker waits for its peers as long as the cluster may take to form,
+  # and for the chief's last checkpoint at most CHIEF_CHECKPOINT_WAIT.
+  options = dict(coordinator=coordinator, dataset_fn=dataset_fn,
+                 peer_wait=min(checkpoints.CHIEF_CHECKPOINT_WAIT,
+                               cluster_timeout))
   with _determinism_errors(config):
     if not distribute.is_chief(config.strategy):
       return _train(Trainer(run, strategy, chief=False, **options), echo,
