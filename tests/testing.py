@@ -122,10 +122,17 @@ sys.stdout = sys.stderr
 scratch = tempfile.mkdtemp(prefix="identity_tf_fork_server_")
 os.environ.setdefault("KERAS_HOME", os.path.join(scratch, "keras_home"))
 os.environ.setdefault("MPLCONFIGDIR", os.path.join(scratch, "mplconfigdir"))
+import importlib
 import tensorflow, keras
-import identity_tf.commands.cli, identity_tf.training.trainer
-import identity_tf.training.evaluation, identity_tf.serving.export
-import identity_tf.data.tfds_data
+# What the test's binaries import, where the test's runfiles hold it (a
+# binary imports the rest itself, as a fresh one would).
+for module in ("identity_tf.commands.cli", "identity_tf.training.trainer",
+               "identity_tf.training.evaluation", "identity_tf.serving.export",
+               "identity_tf.data.tfds_data"):
+  try:
+    importlib.import_module(module)
+  except ImportError:
+    pass
 # The devices listed here, where a fresh binary lists them with its
 # start-up lines captured (`cli.start_tensorflow_quietly`): no thread yet.
 tensorflow.config.list_physical_devices()
@@ -186,10 +193,12 @@ class _ForkServer:
 
   def __init__(self):
     read, write = os.pipe()
+    # The server's own output: what it says if it stops.
+    self._log = tempfile.TemporaryFile("w+")
     self._process = subprocess.Popen(
         [sys.executable, "-c", _FORK_SERVER, str(write)], pass_fds=(write,),
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, text=True, env=binary_env())
+        stdin=subprocess.PIPE, stdout=self._log, stderr=self._log,
+        text=True, env=binary_env())
     os.close(write)
     self._answers = os.fdopen(read)
     atexit.register(self.close)
@@ -204,6 +213,7 @@ class _ForkServer:
         self._process.kill()
         self._process.wait()
     self._answers.close()
+    self._log.close()
 
   def _answer(self, timeout):
     import select  # pylint: disable=g-import-not-at-top
@@ -212,7 +222,9 @@ class _ForkServer:
       return None
     line = self._answers.readline()
     if not line:
-      raise AssertionError("the test's fork server stopped")
+      self._log.seek(0)
+      raise AssertionError("the test's fork server stopped:\n"
+                           + self._log.read()[-3000:])
     return json.loads(line)
 
   def run(self, command, env, timeout):

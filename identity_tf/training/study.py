@@ -49,6 +49,8 @@ LEGACY_RUN_FILE = "study.json"
 RESULTS_JSON = "results.json"
 RESULTS_MARKDOWN = "results.md"
 CURVES_PNG = "curves.png"
+# A study that selects: the validation top-1 of each rate (`plot_rates`).
+RATES_PNG = "rates.png"
 # Test top-1 levels whose time to reach every run reports (time-to-accuracy),
 # unless the report is asked for others (`collect`'s top1_levels).
 TOP1_LEVELS = (0.85, 0.90, 0.92)
@@ -722,6 +724,58 @@ def plot_curves(results, path):
   pyplot.close(figure)
 
 
+def plot_rates(results, path):
+  """Final validation top-1 (%) against the learning rate (log axis), one
+  line per preset of RESULTS (a study that sweeps the rate, `rates`), the
+  mean over each arm's seeds; a run that diverged is an x at the foot of
+  the axis, labelled with the step of its first NaN. Each preset's
+  selected rate (`select`) is circled."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  figure, axes = pyplot.subplots(figsize=(7, 4.5))
+  lines, diverged = {}, []
+  for arm in results["arms"]:
+    rate = (arm.get("config") or {}).get("learning_rate") or dict(
+        arm.get("overrides", {})).get("learning_rate")
+    values = [r.get("final_validation_top1") for r in arm["runs"]]
+    if values and None not in values:
+      lines.setdefault(arm["preset"], []).append(
+          (rate, 100 * float(np.mean(values))))
+    for run in arm["runs"]:
+      if run.get("status") == "diverged":
+        diverged.append((arm["preset"], rate, run.get("nan_step")))
+  finite = [v for points in lines.values() for _, v in points]
+  floor = min(finite) - 1 if finite else 0
+  colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
+  for number, preset in enumerate(sorted(set(lines) | {d[0] for d in
+                                                       diverged})):
+    colour = colours[number % len(colours)]
+    points = sorted(lines.get(preset, []))
+    if points:
+      axes.plot([r for r, _ in points], [v for _, v in points], "o-",
+                color=colour, label=preset)
+    for name, rate, step in diverged:
+      if name == preset:
+        axes.plot([rate], [floor], "x", color=colour, markersize=10)
+        axes.annotate(f"NaN at step {step}", (rate, floor), color=colour,
+                      textcoords="offset points", xytext=(4, 6), fontsize=8)
+    chosen = results.get("selected", {}).get(preset)
+    if chosen and chosen.get("learning_rate"):
+      axes.plot([chosen["learning_rate"]],
+                [100 * chosen["final_validation_top1"]], "o", markersize=14,
+                markerfacecolor="none", color=colour)
+  axes.set(xscale="log", xlabel="learning rate",
+           ylabel="final validation top-1 (%)",
+           title=f"study {results['study']}: each network's rate, on "
+                 "held-out images (circled: chosen)")
+  axes.grid(True, alpha=0.3)
+  axes.legend(fontsize=8)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  pyplot.close(figure)
+
+
 def write_report(results, output_dir):
   """results.json, results.md and curves.png in OUTPUT_DIR; their paths."""
   os.makedirs(output_dir, exist_ok=True)
@@ -750,6 +804,11 @@ def write_report(results, output_dir):
     text += "\n" + note
   files.write_text_atomically(paths[RESULTS_MARKDOWN], text)
   write_curves(results, paths[CURVES_PNG])
+  if results.get("selected"):
+    paths[RATES_PNG] = os.path.join(output_dir, RATES_PNG)
+    files.write_atomically(paths[RATES_PNG],
+                           lambda temporary: plot_rates(results, temporary),
+                           suffix=".png")
   return paths
 
 
