@@ -58,9 +58,10 @@ def _forkable(env):
   """Whether a binary run in ENV (None: ours) can be forked from a
   `_ForkServer` -- whose interpreter imported TensorFlow in our
   environment -- and behave as a fresh process would."""
-  if env is None or os.environ.get("IDENTITY_TF_TEST_FRESH_PROCESSES"):
-    return env is None and not os.environ.get(
-        "IDENTITY_TF_TEST_FRESH_PROCESSES")
+  if os.environ.get("IDENTITY_TF_TEST_FRESH_PROCESSES"):
+    return False
+  if env is None:
+    return True
   keys = set(env) | set(os.environ)
   return all(env.get(k) == os.environ.get(k) for k in keys
              if k not in _FORKABLE_ENV)
@@ -106,15 +107,19 @@ def run_binaries(name, runs, workers, env=None):
 # The interpreter of `_ForkServer`: it imports TensorFlow, Keras and the
 # library and lists the devices (and runs no op, so that no runtime thread
 # exists to be copied half-way; absl's flags of TensorFlow's modules are
-# defined in it, so --helpfull lists more than a fresh binary's), then for each request on stdin -- {"argv", "env", "cwd",
-# "stdout", "stderr"} as JSON -- forks a child that becomes the binary: its
-# environment, directory, argv and standard streams (files), the binary
-# run as __main__ from its first line, its exit status that of
-# SystemExit as the interpreter makes it. The server answers on the file
-# descriptor it was given: {"pid"} at once (for a timeout's kill), then
-# {"status"} (negative: the signal that ended the child).
+# defined in it, so --helpfull lists more than a fresh binary's), then for
+# each request on stdin -- {"id", "argv", "env", "cwd", "stdout",
+# "stderr"} as JSON, each stream a path and how to open it ("w", "a", or
+# "open" for a FIFO or a device) -- forks a
+# child that becomes the binary: its environment, directory, argv and
+# standard streams (opened before the fork, so that a FIFO's reader never
+# sees an end before its writer), the binary run as __main__ from its first
+# line, its exit status that of SystemExit as the interpreter makes it.
+# Children run side by side. The server answers on the file descriptor it
+# was given: {"id", "pid"} once forked, {"id", "status"} (negative: the
+# signal that ended the child) once reaped.
 _FORK_SERVER = """
-import json, os, runpy, shutil, signal, sys, tempfile, traceback
+import json, os, runpy, select, shutil, signal, sys, tempfile, traceback
 answer = os.fdopen(int(sys.argv[1]), "w", buffering=1)
 sys.stdout = sys.stderr
 # Keras and Matplotlib write under their homes as they are imported: a
@@ -136,62 +141,142 @@ for module in ("identity_tf.commands.cli", "identity_tf.training.trainer",
 # The devices listed here, where a fresh binary lists them with its
 # start-up lines captured (`cli.start_tensorflow_quietly`): no thread yet.
 tensorflow.config.list_physical_devices()
-for line in sys.stdin:
-  request = json.loads(line)
-  pid = os.fork()
-  if pid == 0:
+
+def become(request, fds):
+  os.chdir(request["cwd"])
+  os.environ.clear()
+  os.environ.update(request["env"])
+  for target, fd in zip((1, 2), fds):
+    os.dup2(fd, target)
+  os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+  sys.stdin = open(0, closefd=False)
+  sys.stdout = open(1, "w", closefd=False)
+  sys.stderr = open(2, "w", buffering=1, closefd=False)
+  for number in (signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
+    signal.signal(number, signal.SIG_DFL)
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  signal.set_wakeup_fd(-1)
+  script = request["argv"][1]
+  sys.argv = request["argv"][1:]
+  sys.path[0] = os.path.dirname(script)
+  status = 0
+  try:
+    runpy.run_path(script, run_name="__main__")
+  except SystemExit as e:
+    if isinstance(e.code, int) or e.code is None:
+      status = e.code or 0
+    else:
+      print(e.code, file=sys.stderr)
+      status = 1
+  except BaseException:
+    traceback.print_exc()
+    status = 1
+  import atexit
+  atexit._run_exitfuncs()
+  for stream in (sys.stdout, sys.stderr):
     try:
-      os.chdir(request["cwd"])
-      os.environ.clear()
-      os.environ.update(request["env"])
-      for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-      os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-      sys.stdin = open(0, closefd=False)
-      sys.stdout = open(1, "w", closefd=False)
-      sys.stderr = open(2, "w", buffering=1, closefd=False)
-      for number in (signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(number, signal.SIG_DFL)
-      signal.signal(signal.SIGINT, signal.default_int_handler)
-      script = request["argv"][1]
-      sys.argv = request["argv"][1:]
-      sys.path[0] = os.path.dirname(script)
-      status = 0
-      try:
-        runpy.run_path(script, run_name="__main__")
-      except SystemExit as e:
-        if isinstance(e.code, int) or e.code is None:
-          status = e.code or 0
-        else:
-          print(e.code, file=sys.stderr)
-          status = 1
-      except BaseException:
-        traceback.print_exc()
-        status = 1
-      import atexit
-      atexit._run_exitfuncs()
-      for stream in (sys.stdout, sys.stderr):
+      stream.flush()
+    except Exception:
+      pass
+  return status
+
+def open_streams(request):
+  fds = []
+  for name in ("stdout", "stderr"):
+    if request[name] is None:  # stderr=STDOUT
+      fds.append(fds[0])
+      continue
+    path, mode = request[name]
+    flags = {"w": os.O_CREAT | os.O_TRUNC, "a": os.O_CREAT | os.O_APPEND,
+             "open": 0}[mode]
+    fds.append(os.open(path, os.O_WRONLY | flags, 0o644))
+  return fds
+
+wake_read, wake_write = os.pipe()
+os.set_blocking(wake_write, False)
+signal.set_wakeup_fd(wake_write)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+children, pending, open_stdin = {}, b"", True
+while open_stdin or children:
+  ready, _, _ = select.select([0, wake_read] if open_stdin else [wake_read],
+                              [], [])
+  if wake_read in ready:
+    os.read(wake_read, 4096)
+  while children:
+    pid, code = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+      break
+    status = (-os.WTERMSIG(code) if os.WIFSIGNALED(code)
+              else os.WEXITSTATUS(code))
+    answer.write(json.dumps({"id": children.pop(pid), "status": status})
+                 + "\\n")
+  if open_stdin and 0 in ready:
+    data = os.read(0, 1 << 16)
+    if not data:
+      open_stdin = False
+    pending += data
+    while b"\\n" in pending:
+      line, pending = pending.split(b"\\n", 1)
+      request = json.loads(line)
+      fds = open_streams(request)
+      pid = os.fork()
+      if pid == 0:
         try:
-          stream.flush()
-        except Exception:
-          pass
-      os._exit(status)
-    except BaseException:
-      os._exit(70)
-  answer.write(json.dumps({"pid": pid}) + "\\n")
-  _, code = os.waitpid(pid, 0)
-  status = (-os.WTERMSIG(code) if os.WIFSIGNALED(code)
-            else os.WEXITSTATUS(code))
-  answer.write(json.dumps({"status": status}) + "\\n")
+          os._exit(become(request, fds))
+        except BaseException:
+          os._exit(70)
+      for fd in set(fds):
+        os.close(fd)
+      children[pid] = request["id"]
+      answer.write(json.dumps({"id": request["id"], "pid": pid}) + "\\n")
 shutil.rmtree(scratch, ignore_errors=True)
 """
 
 
+class ForkedProcess:
+  """A binary forked by a `_ForkServer`, with the part of subprocess.Popen's
+  interface the tests use: pid, returncode, args, stdout and stderr (text
+  streams for PIPE), poll, wait, communicate, send_signal, terminate and
+  kill."""
+
+  def __init__(self, server, args, streams):
+    self.args, self._server = args, server
+    self.pid, self.returncode = None, None
+    self.stdout, self.stderr = streams
+    import threading  # pylint: disable=g-import-not-at-top
+    self._started, self._ended = threading.Event(), threading.Event()
+
+  def poll(self):
+    return self.returncode
+
+  def wait(self, timeout=None):
+    if not self._ended.wait(timeout):
+      raise subprocess.TimeoutExpired(self.args, timeout)
+    return self.returncode
+
+  def communicate(self, timeout=None):
+    outputs = [stream.read() if stream is not None else None
+               for stream in (self.stdout, self.stderr)]
+    self.wait(timeout)
+    return tuple(outputs)
+
+  def send_signal(self, number):
+    if self.returncode is None:
+      os.kill(self.pid, number)
+
+  def terminate(self):
+    self.send_signal(15)
+
+  def kill(self):
+    self.send_signal(9)
+
+
 class _ForkServer:
-  """A long-lived interpreter that forks the binaries `run_binary` runs
-  (`_FORK_SERVER`); one per thread of this process."""
+  """A long-lived interpreter that forks the binaries the tests run
+  (`_FORK_SERVER`), side by side; one per test process."""
 
   def __init__(self):
+    import threading  # pylint: disable=g-import-not-at-top
     read, write = os.pipe()
     # The server's own output: what it says if it stops.
     self._log = tempfile.TemporaryFile("w+")
@@ -201,10 +286,73 @@ class _ForkServer:
         text=True, env=binary_env())
     os.close(write)
     self._answers = os.fdopen(read)
+    self._lock = threading.Lock()
+    self._running, self._next_id = {}, 0
+    self._reader = threading.Thread(target=self._read_answers, daemon=True)
+    self._reader.start()
     atexit.register(self.close)
 
+  def _read_answers(self):
+    for line in self._answers:
+      answer = json.loads(line)
+      with self._lock:
+        process = self._running.get(answer["id"])
+      if "pid" in answer:
+        process.pid = answer["pid"]
+        process._started.set()  # pylint: disable=protected-access
+      else:
+        process.returncode = answer["status"]
+        process._ended.set()  # pylint: disable=protected-access
+        with self._lock:
+          del self._running[answer["id"]]
+    # The server stopped: whoever waits is told why.
+    self._log.seek(0)
+    self.failure = self._log.read()[-3000:]
+    with self._lock:
+      for process in self._running.values():
+        process.returncode = 70
+        process._started.set()  # pylint: disable=protected-access
+        process._ended.set()  # pylint: disable=protected-access
+
+  def start(self, command, env, stdout, stderr, streams=(None, None)):
+    """A `ForkedProcess` of COMMAND ([python, script, args...]) in ENV,
+    its stdout and stderr written to the paths STDOUT and STDERR (each a
+    (path, "w", "a" or "open") pair; STDERR None: into STDOUT's); STREAMS,
+    what the
+    process object offers as its stdout and stderr."""
+    process = ForkedProcess(self, command, streams)
+    with self._lock:
+      self._next_id += 1
+      self._running[self._next_id] = process
+      request = {"id": self._next_id, "argv": command, "env": env,
+                 "cwd": os.getcwd(), "stdout": stdout, "stderr": stderr}
+      self._process.stdin.write(json.dumps(request) + "\n")
+      self._process.stdin.flush()
+    if not process._started.wait(120) or process.pid is None:  # pylint: disable=protected-access
+      raise AssertionError("the test's fork server stopped:\n"
+                           + getattr(self, "failure", ""))
+    return process
+
+  def run(self, command, env, timeout):
+    """CompletedProcess of COMMAND in ENV, as subprocess.run gives it."""
+    with tempfile.TemporaryDirectory() as scratch:
+      paths = [os.path.join(scratch, name) for name in ("stdout", "stderr")]
+      process = self.start(command, env, (paths[0], "w"), (paths[1], "w"))
+      try:
+        process.wait(timeout)
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(60)
+        raise
+      outputs = []
+      for path in paths:
+        with open(path, errors="replace") as f:
+          outputs.append(f.read())
+    return subprocess.CompletedProcess(command, process.returncode, *outputs)
+
   def close(self):
-    """Ends the server (its stdin closed, it leaves its loop)."""
+    """Ends the server (its stdin closed, it leaves its loop once its
+    children have ended)."""
     if self._process.poll() is None:
       self._process.stdin.close()
       try:
@@ -212,51 +360,17 @@ class _ForkServer:
       except subprocess.TimeoutExpired:
         self._process.kill()
         self._process.wait()
-    self._answers.close()
+    self._reader.join(timeout=10)
     self._log.close()
 
-  def _answer(self, timeout):
-    import select  # pylint: disable=g-import-not-at-top
-    ready, _, _ = select.select([self._answers], [], [], timeout)
-    if not ready:
-      return None
-    line = self._answers.readline()
-    if not line:
-      self._log.seek(0)
-      raise AssertionError("the test's fork server stopped:\n"
-                           + self._log.read()[-3000:])
-    return json.loads(line)
 
-  def run(self, command, env, timeout):
-    """CompletedProcess of COMMAND ([python, script, args...]) in ENV."""
-    with tempfile.TemporaryDirectory() as scratch:
-      streams = {name: os.path.join(scratch, name)
-                 for name in ("stdout", "stderr")}
-      self._process.stdin.write(json.dumps(
-          {"argv": command, "env": env, "cwd": os.getcwd(), **streams})
-          + "\n")
-      self._process.stdin.flush()
-      pid = self._answer(60)["pid"]
-      answer = self._answer(timeout)
-      if answer is None:
-        os.kill(pid, 9)
-        self._answer(60)
-        raise subprocess.TimeoutExpired(command, timeout)
-      outputs = {}
-      for name, path in streams.items():
-        with open(path, errors="replace") as f:
-          outputs[name] = f.read()
-    return subprocess.CompletedProcess(command, answer["status"],
-                                       outputs["stdout"], outputs["stderr"])
-
-
-_servers = __import__("threading").local()
+_server = []
 
 
 def _fork_server():
-  if getattr(_servers, "server", None) is None:
-    _servers.server = _ForkServer()
-  return _servers.server
+  if not _server:
+    _server.append(_ForkServer())
+  return _server[0]
 
 
 # The interpreter of `flag_checks`: it loads bin/NAME.py (argv[1]) once as a
@@ -433,11 +547,55 @@ class ProcessTestCase(absltest.TestCase):
     self._processes = []
 
   def start_binary(self, name, *args, env=None, stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE):
-    """bin/NAME.py with ARGS as a child process (text pipes by default)."""
-    process = subprocess.Popen(binary_command(name, *args), stdout=stdout,
-                               stderr=stderr, text=True, env=binary_env(env))
+                   stderr=subprocess.PIPE, fresh=False):
+    """bin/NAME.py with ARGS as a child process (text pipes by default):
+    forked from the fork server (`run_binary`) unless FRESH or ENV says a
+    new interpreter; either has Popen's poll, wait, communicate and
+    signals."""
+    if fresh or not _forkable(env):
+      process = subprocess.Popen(binary_command(name, *args), stdout=stdout,
+                                 stderr=stderr, text=True,
+                                 env=binary_env(env))
+    else:
+      process = self._fork(binary_command(name, *args), binary_env(env),
+                           stdout, stderr)
     self._processes.append(process)
+    return process
+
+  def _fork(self, command, env, stdout, stderr):
+    """A `ForkedProcess` with Popen's stream arguments: PIPE (a FIFO read
+    here as text), DEVNULL, STDOUT (stderr only), None (ours) or an open
+    file (appended to)."""
+    scratch = self.create_tempdir().full_path
+    specs, readers = [], []
+    for number, target in enumerate((stdout, stderr)):
+      if target == subprocess.STDOUT:
+        specs.append(None)
+        readers.append(None)
+      elif target == subprocess.PIPE:
+        fifo = os.path.join(scratch, f"fifo{number}")
+        os.mkfifo(fifo)
+        readers.append(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        specs.append((fifo, "open"))
+      elif target == subprocess.DEVNULL:
+        specs.append((os.devnull, "open"))
+        readers.append(None)
+      elif target is None:
+        specs.append((f"/proc/{os.getpid()}/fd/{number + 1}", "open"))
+        readers.append(None)
+      else:
+        target.flush()
+        specs.append((target.name, "a"))
+        readers.append(None)
+    streams = []
+    for fd in readers:
+      streams.append(None if fd is None else fd)
+    process = _fork_server().start(command, env, *specs)
+    for number, fd in enumerate(readers):
+      if fd is not None:
+        os.set_blocking(fd, True)
+        streams[number] = open(fd, errors="replace")
+    process.stdout, process.stderr = streams
     return process
 
   def tearDown(self):
