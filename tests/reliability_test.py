@@ -38,6 +38,8 @@ REQUIRED = {
     "results_tables": ["--results_dir=/nonexistent/results"],
     "serve_client": ["--model_name=m", "image.png"],
     "sharpness": ["--model_dir=/nonexistent/run"],
+    "ship_model": ["--model_dir=/nonexistent/run", "--output_dir=/nonexistent/o",
+                   "--command=x", "--test_top1=0.5"],
     "study": ["--study=smoke"],
     "summary": [],
     "train": ["--model_dir=/nonexistent/run"],

@@ -196,7 +196,7 @@ class TfConfigTest(testing.ProcessTestCase):
         "train", *TINY, "--train_steps=10", "--eval_at_end=false",
         "--strategy=multi_worker_mirrored", f"--model_dir={dirs[i]}",
         # Its wait for the chief's checkpoint: at most the cluster's.
-        "--cluster_timeout=15",
+        "--cluster_timeout=8",
         env=_env({"cluster": cluster, "task": {"type": "worker", "index": i}}))
                for i in range(2)]
     outputs = [w.communicate(timeout=300) for w in workers]
@@ -207,7 +207,7 @@ class TfConfigTest(testing.ProcessTestCase):
     last = [line for line in outputs[1][1].splitlines() if line.strip()][-1]
     self.assertEqual(
         last, f"error: the chief's checkpoint of step 10 is not in "
-        f"--model_dir={dirs[1]} (waited 15 s), so this worker kept its own "
+        f"--model_dir={dirs[1]} (waited 8 s), so this worker kept its own "
         f"copy in {scratch}: --model_dir must be a directory every worker of "
         "the cluster sees (docs/training.md, Strategies)")
     self.assertEqual(_checkpoint_steps(scratch), [10])
@@ -1682,6 +1682,28 @@ class DecompressionBombTest(testing.SharedRootTestCase):
       with open(path, "wb") as f:
         f.write(data)
       self.assertEqual(client.read_input(path).data, data)
+    # At the limit itself: an area of exactly MAX_IMAGE_PIXELS goes, one
+    # pixel row more (each side far below the limit) does not, nor one
+    # side longer than it.
+    limit = self.max_pixels
+    side = math.isqrt(limit)
+    self.assertEqual(side * side, limit)
+    for (width, height), refused in (
+        ((side, side), False), ((side + 1, side), True),
+        ((side, side + 1), True), ((limit, 1), False),
+        ((limit + 1, 1), True), ((1, limit + 1), True)):
+      with self.subTest(width=width, height=height):
+        path = os.path.join(self.root, "edge.png")
+        data = _png_header(width, height) + bytes(100)
+        with open(path, "wb") as f:
+          f.write(data)
+        if refused:
+          with self.assertRaisesRegex(
+              errors.ServingError, f"is {width}x{height} pixels \\(its "
+              "header says so\\), more than"):
+            client.read_input(path)
+        else:
+          self.assertEqual(client.read_input(path).data, data)
     # The binary: one line, and the server never hears of it.
     listener = socket.create_server(("127.0.0.1", 0))
     self.addCleanup(listener.close)
