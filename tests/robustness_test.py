@@ -1617,6 +1617,16 @@ class DecompressionBombTest(testing.SharedRootTestCase):
         size, pixels, complete = extent(self.tf.constant(data))
         self.assertEqual(
             (*size.numpy().tolist(), int(pixels), bool(complete)), expected)
+    # One frame over the limit by its area alone (each side far below it)
+    # is a GIF of a known size -- refused by that size, as a PNG of it is
+    # -- not an unknown file; one at the limit exactly fits.
+    declared = self.tf.function(export.declared_size)
+    for width, height in ((side + 1, side), (side, side + 1), (side, side)):
+      with self.subTest(width=width, height=height):
+        size, known = declared(self.tf.constant(_gif_frame_headers(
+            (50, 60), [(width, height)])))
+        self.assertEqual((size.numpy().tolist(), bool(known)),
+                         ([height, width], True))
 
   def test_a_model_of_any_size_decodes_at_most_its_limit(self):
     side = math.isqrt(self.max_pixels)
