@@ -4,6 +4,8 @@
     bazel run //bin:results_tables -- --files=normfree_w025,precision
     bazel run //bin:results_tables -- --files=ablation \
         --plot=docs/results_ablation.png --arms=cifar10_ws,cifar10_ws_bn
+    bazel run //bin:results_tables -- --files=rates \
+        --plot_rates=docs/results_rates.png
 
 What each table holds: `identity_tf.training.results_tables`.
 """
@@ -25,6 +27,9 @@ flags.DEFINE_string("plot", None, "Also draw the training loss and test "
                     "over their seeds).")
 flags.DEFINE_list("arms", None, "With --plot: the arms to draw, in this "
                   "order.")
+flags.DEFINE_string("plot_rates", None, "Also draw the final validation "
+                    "top-1 against the learning rate of the one file --files "
+                    "names (a study that selects, e.g. rates) into this PNG.")
 
 
 def main(argv):
@@ -54,8 +59,17 @@ def main(argv):
     if failed:
       cli.exit_with(f"{len(failed)} file(s) not tabulated (above); the "
                     "tables of the others are printed", 1)
+    if FLAGS.plot_rates and len(FLAGS.files or ()) != 1:
+      raise ValueError("--plot_rates draws one file: pass --files=NAME")
     if FLAGS.plot:
       _plot(files)
+    if FLAGS.plot_rates:
+      from identity_tf.training import study  # pylint: disable=g-import-not-at-top
+      [name] = FLAGS.files
+      path = cli.resolve_path(FLAGS.plot_rates)
+      files_ = dict(files[name], study=files[name].get("study", name))
+      study.write_rates(files_, path)
+      print(f"figure: {path}")
 
 
 def _plot(files):

@@ -8,7 +8,9 @@ the budget.
 """
 
 import dataclasses
+import json
 import math
+import os
 import statistics as python_statistics
 from unittest import mock
 
@@ -205,10 +207,41 @@ class StudyArmsTest(absltest.TestCase):
         "cifar10_paper", "cifar10_ws", "cifar10_ws_bn", "fixup_cifar")
                             for u in (9, 27, 81)})
 
+  def test_the_tuned_rates_are_the_sweeps_choice(self):
+    # The rates study's committed results, its selection rule applied here:
+    # the rate of each preset's arm with the best final validation top-1.
+    path = os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "docs", "results", "rates.json")
+    if "TEST_SRCDIR" in os.environ:
+      path = os.path.join(os.environ["TEST_SRCDIR"],
+                          os.environ["TEST_WORKSPACE"], "docs", "results",
+                          "rates.json")
+    with open(path) as f:
+      results = json.load(f)
+    best = {}
+    for arm in results["arms"]:
+      (run,) = arm["runs"]
+      if run["status"] == "done" and (
+          arm["preset"] not in best or
+          run["final_validation_top1"] > best[arm["preset"]][0]):
+        best[arm["preset"]] = (run["final_validation_top1"],
+                               arm["config"]["learning_rate"])
+    self.assertEqual({p: rate for p, (_, rate) in best.items()},
+                     studies.TUNED_RATES)
+    self.assertEqual({p: c["learning_rate"]
+                      for p, c in results["selected"].items()},
+                     studies.TUNED_RATES)
+    # None of its runs read the test split.
+    self.assertTrue(all(run["final_top1"] is None for arm in results["arms"]
+                        for run in arm["runs"]))
+
   def test_tuned_and_batch_wait_for_the_rates(self):
-    for name in ("tuned", "batch"):
-      each = studies.STUDIES[name]
+    with mock.patch.dict(studies.TUNED_RATES, {"cifar10_ws_bn": None}):
+      waiting = (studies._tuned_study(), studies._batch_study())
+    for each in waiting:
+      name = each.name
       self.assertIn("--study=rates", each.unavailable)
+      self.assertIn("cifar10_ws_bn", each.unavailable)
       with self.assertRaisesRegex(errors.ConfigError,
                                   rf"^study {name} cannot run yet: it needs"):
         study.check_available(each)

@@ -274,6 +274,8 @@ def top1_cell(arm):
   for run in runs:
     if run.get("final_top1") is not None:
       texts.append(_percent(run["final_top1"]))
+    elif run.get("final_validation_top1") is not None:
+      texts.append("not read")  # A study that selects on held-out images.
     elif run.get("status") == "diverged":
       texts.append(f"NaN at step {run.get('nan_step')}")
     elif run.get("stopped_at_step") is not None:
@@ -285,6 +287,18 @@ def top1_cell(arm):
     return ", ".join(texts)
   return (f"{_percent(statistics.mean(values))} ± "
           f"{_percent(statistics.sample_std(values))} ({', '.join(texts)})")
+
+
+def validation_cell(arm):
+  """The final validation top-1 (held-out training images): mean ± sample
+  std with each seed's value, the one seed's, or '' if none."""
+  values = [run["final_validation_top1"] for run in arm["runs"]
+            if run.get("final_validation_top1") is not None]
+  if len(values) > 1:
+    return (f"{_percent(statistics.mean(values))} ± "
+            f"{_percent(statistics.sample_std(values))} ("
+            + ", ".join(_percent(v) for v in values) + ")")
+  return _percent(values[0]) if values else ""
 
 
 def loss_cell(arm):
@@ -350,14 +364,23 @@ def file_tables(files, name):
                          if key in data)
   # A study's own results.json has no title or cpu (its runs' machines).
   title = data.get("title") or f"Study {data.get('study', name)}"
+  validation = any(run.get("final_validation_top1") is not None
+                   for arm in data["arms"] for run in arm["runs"])
   lines = [f"## {title} ({name}.json)", "",
            f"{conditions}; CPU: {data.get('cpu', 'per run')}.", "",
-           "| arm | seeds | final test top-1 (%) | training-set loss |",
-           "| --- | --- | --- | --- |"]
+           "| arm | seeds | final test top-1 (%) | "
+           + ("final validation top-1 (%) | " if validation else "")
+           + "training-set loss |",
+           "| --- | --- | --- | " + ("--- | " if validation else "")
+           + "--- |"]
   for arm in data["arms"]:
     seeds = ", ".join(str(run["seed"]) for run in arm["runs"])
     lines.append(f"| {arm['name']} | {seeds} | {top1_cell(arm)} | "
-                 f"{loss_cell(arm)} |")
+                 + (f"{validation_cell(arm)} | " if validation else "")
+                 + f"{loss_cell(arm)} |")
+  for preset, chosen in sorted((data.get("selected") or {}).items()):
+    lines.append(f"\nselected for {preset} (best final validation top-1): "
+                 f"{chosen['arm']}")
   comparisons = data.get("comparisons") or [
       [arm["name"], data["reference"]] for arm in data["arms"]
       if data.get("reference") and arm["name"] != data["reference"]]

@@ -765,7 +765,12 @@ def plot_rates(results, path):
       axes.plot([chosen["learning_rate"]],
                 [100 * chosen["final_validation_top1"]], "o", markersize=14,
                 markerfacecolor="none", color=colour)
-  axes.set(xscale="log", xlabel="learning rate",
+  rates = sorted({r for points in lines.values() for r, _ in points} |
+                 {d[1] for d in diverged})
+  axes.set_xscale("log")
+  axes.set_xticks(rates, [f"{r:g}" for r in rates])
+  axes.minorticks_off()
+  axes.set(xlabel="learning rate",
            ylabel="final validation top-1 (%)",
            title=f"study {results['study']}: each network's rate, on "
                  "held-out images (circled: chosen)")
@@ -806,10 +811,14 @@ def write_report(results, output_dir):
   write_curves(results, paths[CURVES_PNG])
   if results.get("selected"):
     paths[RATES_PNG] = os.path.join(output_dir, RATES_PNG)
-    files.write_atomically(paths[RATES_PNG],
-                           lambda temporary: plot_rates(results, temporary),
-                           suffix=".png")
+    write_rates(results, paths[RATES_PNG])
   return paths
+
+
+def write_rates(results, path):
+  """`plot_rates` of RESULTS into PATH, written whole."""
+  files.write_atomically(
+      path, lambda temporary: plot_rates(results, temporary), suffix=".png")
 
 
 def write_curves(results, path):
