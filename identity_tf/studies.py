@@ -303,6 +303,22 @@ STUDIES = {
             Arm("cifar10_ws_bn", "cifar10_ws_bn", seeds=(0, 1, 2),
                 description="the batch-norm baseline in cifar10_ws's "
                             "recipe (cifar10_ws_bn)"),
+            # The names earlier runs of this study had, which its result
+            # files' commands give (normfree_*.json), as today's options.
+            Arm("paper_best", "cifar10_ws",
+                description="cifar10_ws, as it ran before it was a preset"),
+            Arm("resnet_bn_cosine", "cifar10_ws_bn",
+                (("grad_clip_norm", 0.0),),
+                description="batch norm in cifar10_ws's recipe, unclipped"),
+            Arm("paper_fixup_init", "cifar10_paper", (("init", "fixup"),),
+                description="cifar10_paper drawn as Fixup draws (C2 = 0)"),
+            Arm("paper_lr_0.1", "cifar10_paper", (("learning_rate", 0.1),),
+                description="cifar10_paper at rate 0.1"),
+            Arm("paper_ws", "cifar10_paper",
+                (("weight_standardization", True), ("branch_gain", "zero"),
+                 ("branch_init", "fan_in")),
+                description="cifar10_paper standardised at unit fan-in, a "
+                            "branch gain from 0"),
         )),
     # What the paper's network needs to train like batch norm: cifar10_ws
     # with each of its changes to cifar10_paper taken away in turn, and its
@@ -398,6 +414,50 @@ STUDIES = {
                 description=f"AGC, lambda = {value:g}" if value else
                             "no clipping")
             for value in (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.0))),
+    # One change at a time to cifar10_paper, the search that led to
+    # cifar10_ws (docs/results' gap_*.json and normfree_*.json ran it):
+    # each arm, under the name it ran as, the configuration those files
+    # record in today's options, so that their commands run again.
+    "gap": Study(
+        "gap",
+        "Changes to cifar10_paper one at a time and in combination, and "
+        "batch norm, as the search for cifar10_ws ran them.",
+        arms=tuple(
+            Arm(name, preset, overrides, description=f"{preset} "
+                + " ".join(f"--{k}={v}" for k, v in overrides))
+            for name, preset, overrides in (
+        ("agc_0.04", "cifar10_paper", (("grad_clip_norm", 0.0), ("agc_clip", 0.04))),
+        ("clip_first_epoch", "cifar10_paper", (("grad_clip_steps", 469),)),
+        ("ema+fixup_init", "cifar10_paper", (("init", "fixup"), ("ema_decay", 0.999))),
+        ("fixup_init", "cifar10_paper", (("init", "fixup"),)),
+        ("fixup_init_unclipped", "cifar10_paper", (("init", "fixup"), ("grad_clip_norm", 0.0))),
+        ("gain", "cifar10_paper", (("branch_gain", "one"),)),
+        ("label_smoothing+fixup_init", "cifar10_paper", (("init", "fixup"), ("label_smoothing", 0.1))),
+        ("logit_scale_4", "cifar10_paper", (("logit_scale", 4.0),)),
+        ("logit_scale_4+skipinit_ws", "cifar10_paper", (("logit_scale", 4.0), ("weight_standardization", True), ("branch_init", "fan_in"), ("branch_gain", "zero"))),
+        ("lr_0.1", "cifar10_paper", (("learning_rate", 0.1),)),
+        ("nesterov_cosine", "cifar10_paper", (("lr_schedule", "cosine"), ("nesterov", True))),
+        ("nesterov_cosine+fixup_init", "cifar10_paper", (("init", "fixup"), ("lr_schedule", "cosine"), ("nesterov", True))),
+        ("nesterov_cosine+logit_scale_4+skipinit_ws", "cifar10_ws", (("branch_init", "fan_in"), ("branch_init_scale", 1.0))),
+        ("nesterov_cosine+logit_scale_4+skipinit_ws+bias", "cifar10_ws", (("branch_init", "fan_in"), ("branch_init_scale", 1.0), ("use_bias", True))),
+        ("nesterov_cosine+logit_scale_4+skipinit_ws+standard_stem", "cifar10_ws", (("branch_init", "fan_in"), ("branch_init_scale", 1.0), ("init", "standard"))),
+        ("nesterov_cosine+logit_scale_4+skipinit_ws_small", "cifar10_ws", (("branch_init_scale", 1.0),)),
+        ("nesterov_cosine+logit_scale_4+skipinit_ws_small+agc_0.3", "cifar10_ws", (("branch_init_scale", 1.0), ("agc_clip", 0.3))),
+        ("nesterov_cosine+logit_scale_4+skipinit_ws_small+gain_lr_0.1", "cifar10_ws", (("branch_init_scale", 1.0), ("bias_lr_factor", 0.1))),
+        ("nesterov_cosine+logit_scale_4+skipinit_ws_small+ws_init_2", "cifar10_ws", ()),
+        ("nesterov_cosine+skipinit_ws", "cifar10_paper", (("lr_schedule", "cosine"), ("nesterov", True), ("weight_standardization", True), ("branch_init", "fan_in"), ("branch_gain", "zero"))),
+        ("no_decay+fixup_init", "cifar10_paper", (("init", "fixup"), ("weight_decay", 0.0))),
+        ("paper", "cifar10_paper", ()),
+        ("resnet_bn", "cifar10_paper_literal", (("model", "resnet_bn"),)),
+        ("resnet_bn_cosine", "cifar10_ws_bn", (("grad_clip_norm", 0.0),)),
+        ("skipinit_ws", "cifar10_paper", (("weight_standardization", True), ("branch_init", "fan_in"), ("branch_gain", "zero"))),
+        ("skipinit_ws+standard_stem", "cifar10_paper", (("init", "standard"), ("weight_standardization", True), ("branch_init", "fan_in"), ("branch_gain", "zero"))),
+        ("skipinit_ws_unclipped", "cifar10_paper", (("grad_clip_norm", 0.0), ("weight_standardization", True), ("branch_init", "fan_in"), ("branch_gain", "zero"))),
+        ("trainable_head+fixup_init", "cifar10_paper", (("init", "fixup"), ("head", "trainable"))),
+        ("warmup+fixup_init_unclipped", "cifar10_paper", (("init", "fixup"), ("grad_clip_norm", 0.0), ("warmup_steps", 1000))),
+        ("warmup+nesterov_cosine+logit_scale_4+skipinit_ws_small_unclipped", "cifar10_ws", (("branch_init_scale", 1.0), ("grad_clip_norm", 0.0), ("warmup_steps", 469))),
+        ("warmup+nesterov_cosine+logit_scale_4+skipinit_ws_unclipped", "cifar10_ws", (("branch_init", "fan_in"), ("branch_init_scale", 1.0), ("grad_clip_norm", 0.0), ("warmup_steps", 469))),
+            ))),
     # Minutes on two cores (synthetic data): to try the binary.
     "smoke": Study(
         "smoke", "The smoke preset as it is and with its rate raised ten "

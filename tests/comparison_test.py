@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics as python_statistics
 from unittest import mock
 
@@ -158,6 +159,14 @@ class HeldOutTest(absltest.TestCase):
           model_dir, configs.override(config, validation_examples=0))
 
 
+# docs/results/, from the source tree or Bazel's runfiles.
+_RESULTS = os.path.join(
+    os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"])
+    if "TEST_SRCDIR" in os.environ else
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "docs", "results")
+
+
 def _config(arm, **options):
   return study.run_config(arm, 0, dataset="fashion_mnist", epochs=10,
                           num_train_examples=60_000, **options)
@@ -207,16 +216,32 @@ class StudyArmsTest(absltest.TestCase):
         "cifar10_paper", "cifar10_ws", "cifar10_ws_bn", "fixup_cifar")
                             for u in (9, 27, 81)})
 
+  def test_every_recorded_study_command_still_runs(self):
+    # Every //bin:study command a result file records names a study and
+    # arms of today's: a published number keeps a command that runs.
+    checked = 0
+    for name in sorted(os.listdir(_RESULTS)):
+      if not name.endswith(".json"):
+        continue
+      with open(os.path.join(_RESULTS, name)) as f:
+        commands = json.load(f).get("commands", {})
+      for key, command in commands.items():
+        found = re.search(r"--study=(\S+)", command)
+        if not found:
+          continue
+        with self.subTest(file=name, command=key):
+          self.assertIn(found.group(1), studies.STUDIES)
+          each = studies.STUDIES[found.group(1)]
+          arms = re.search(r"--arms=(\S+)", command)
+          if arms:
+            study.arms_named(each, arms.group(1).split(","))
+          checked += 1
+    self.assertGreater(checked, 10)
+
   def test_the_tuned_rates_are_the_sweeps_choice(self):
     # The rates study's committed results, its selection rule applied here:
     # the rate of each preset's arm with the best final validation top-1.
-    path = os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "docs", "results", "rates.json")
-    if "TEST_SRCDIR" in os.environ:
-      path = os.path.join(os.environ["TEST_SRCDIR"],
-                          os.environ["TEST_WORKSPACE"], "docs", "results",
-                          "rates.json")
-    with open(path) as f:
+    with open(os.path.join(_RESULTS, "rates.json")) as f:
       results = json.load(f)
     best = {}
     for arm in results["arms"]:
