@@ -437,18 +437,17 @@ def branch_options(config):
 
 
 def _validate_numbers(config):
-  """ConfigError if a number in CONFIG is not finite or beyond int32."""
+  """ConfigError if a number in CONFIG is not finite, beyond float32's
+  range or beyond int32."""
   # Infinities pass every bound below (and would be written to config.json
-  # as the non-JSON Infinity); NaN fails them with a less useful line.
+  # as the non-JSON Infinity); NaN fails them with a less useful line. And
+  # every number the run computes with becomes a float32 (or 16-bit)
+  # tensor: one beyond float32's range is infinite there.
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
     if isinstance(value, float) and not math.isfinite(value):
       raise errors.ConfigError(
           f"--{field.name} must be a finite number, got {value}")
-  # Every number the run computes with becomes a float32 (or 16-bit)
-  # tensor: one beyond float32's range is infinite there.
-  for field in dataclasses.fields(config):
-    value = getattr(config, field.name)
     if isinstance(value, float) and abs(value) > FLOAT32_MAX:
       raise errors.ConfigError(
           f"--{field.name}={value:g} is beyond float32's range "

@@ -150,7 +150,8 @@ def _files(prefix):
 MAX_DIGEST_BYTES = 1 << 20
 
 
-def _sha256(path):
+def sha256_of(path):
+  """The SHA-256 of the file at PATH (any filesystem TensorFlow reads), as hex."""
   digest = hashlib.sha256()
   with tf.io.gfile.GFile(path, "rb") as f:
     for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -164,7 +165,7 @@ def write_digest(prefix):
   TensorFlow's bundle checksums cover each tensor; the digest covers every
   byte, the index and the input iterator's state included.
   """
-  digests = {os.path.basename(path): _sha256(path) for path in _files(prefix)}
+  digests = {os.path.basename(path): sha256_of(path) for path in _files(prefix)}
   files.write_text_atomically(prefix + ".sha256",
                               json.dumps(digests, indent=1, sort_keys=True))
 
@@ -211,7 +212,7 @@ def damage(prefix):
       return "its .sha256 record is unreadable"
     for path in _files(prefix):
       name = os.path.basename(path)
-      if recorded.get(name) != _sha256(path):
+      if recorded.get(name) != sha256_of(path):
         return f"{name} does not match its recorded SHA-256"
   try:
     reader = tf.train.load_checkpoint(prefix)

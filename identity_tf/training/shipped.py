@@ -9,7 +9,6 @@ a directory against its manifest. //bin:evaluate and //bin:export take the
 directory as any --model_dir and write nothing into it (`is_shipped`).
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,11 +28,9 @@ def is_shipped(model_dir):
 
 
 def _sha256(path):
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
+  # Checkpoints' own digest (`checkpoints.write_digest` records the same).
+  from identity_tf.training import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.sha256_of(path)
 
 
 def package(model_dir, output_dir, *, command, machine, test_top1):
