@@ -255,10 +255,15 @@ class ForkedProcess:
     return self.returncode
 
   def communicate(self, timeout=None):
-    outputs = [stream.read() if stream is not None else None
+    # Both pipes at once, as Popen does: a child that fills one while the
+    # other is read would wait for ever.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+      reads = [pool.submit(stream.read) if stream is not None else None
                for stream in (self.stdout, self.stderr)]
+      outputs = tuple(None if read is None else read.result(timeout)
+                      for read in reads)
     self.wait(timeout)
-    return tuple(outputs)
+    return outputs
 
   def send_signal(self, number):
     if self.returncode is None:
