@@ -4,8 +4,9 @@
         --output_dir=models/cifar10_ws --test_top1=0.9356 \\
         --command="./bazelw run //bin:train -- --preset=cifar10_ws ..."
 
-Copies the run's config.json and newest intact checkpoint into
---output_dir (new or empty) and writes manifest.json: each file's SHA-256,
+Writes the weights the run's newest intact checkpoint evaluates with (no
+optimizer state) and its config.json into --output_dir (new or empty), and
+manifest.json: each file's SHA-256,
 the command that trained the run, this machine's CPU and the test top-1
 //bin:evaluate printed for it (`identity_tf.training.shipped`).
 //bin:evaluate and //bin:export take the folder as a --model_dir and

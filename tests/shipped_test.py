@@ -16,6 +16,7 @@ import shlex
 import shutil
 
 from absl.testing import absltest
+import tensorflow as tf
 
 from identity_tf import configs
 from identity_tf.training import config_file
@@ -97,8 +98,9 @@ class ShipModelTest(testing.SharedRootTestCase):
 
   def test_a_shipped_folder_is_read_never_written(self):
     run = os.path.join(self.root, "run")
+    # With a weight average: what is shipped is what the run evaluates.
     testing.run_binary("train", "--preset=smoke", "--width=0.0625",
-                       "--units=1", "--train_steps=20",
+                       "--units=1", "--train_steps=20", "--ema_decay=0.9",
                        "--checkpoint_steps=10", "--num_eval_examples=100",
                        f"--model_dir={run}", check=True)
     folder = os.path.join(self.root, "models", "smoke")
@@ -112,11 +114,24 @@ class ShipModelTest(testing.SharedRootTestCase):
     self.assertEqual(sorted(os.listdir(folder)), [
         "checkpoint", "ckpt-20.data-00000-of-00001", "ckpt-20.index",
         "ckpt-20.sha256", "config.json", "manifest.json"])
+    # The network's weights alone: no optimizer slot, no input position.
+    stored = [name for name, _ in tf.train.list_variables(
+        os.path.join(folder, "ckpt-20"))]
+    self.assertTrue(stored)
+    self.assertEqual([n for n in stored if not n.startswith("model/")],
+                     ["_CHECKPOINTABLE_OBJECT_GRAPH"])
     before = testing.snapshot(folder)
     evaluated = testing.run_binary("evaluate", f"--model_dir={folder}",
                                    check=True)
     scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
     self.assertEqual(scores["global_step"], 20)
+    # Scored as the run itself scores its checkpoint (the average's
+    # weights), to the last digit.
+    original = json.loads(testing.run_binary(
+        "evaluate", f"--model_dir={run}",
+        check=True).stdout.strip().splitlines()[-1])
+    for key in ("top1", "top5", "loss"):
+      self.assertEqual(scores[key], original[key], key)
     self.assertIn("is a shipped model: the result is not recorded",
                   evaluated.stderr)
     testing.run_binary("export", f"--model_dir={folder}",

@@ -1,10 +1,11 @@
 """Trained networks shipped with the repository (models/NAME).
 
 A shipped model is a run directory cut to what evaluation and export read
--- config.json and one checkpoint (its index, data and .sha256 record,
-TensorFlow's state file naming it) -- with manifest.json: the SHA-256 of
-every file, the command that trained it, the CPU it ran on and the test
-top-1 it reached. `package` makes one from a finished run; `verify` checks
+-- config.json and one checkpoint of the network's weights alone (its
+index, data and .sha256 record, TensorFlow's state file naming it; no
+optimizer slots, no input position: a third of a training checkpoint's
+size) -- with manifest.json: the SHA-256 of every file, the command that
+trained it, the CPU it ran on and the test top-1 it reached. `package` makes one from a finished run; `verify` checks
 a directory against its manifest. //bin:evaluate and //bin:export take the
 directory as any --model_dir and write nothing into it (`is_shipped`).
 """
@@ -34,11 +35,14 @@ def _sha256(path):
 
 
 def package(model_dir, output_dir, *, command, machine, test_top1):
-  """Copies MODEL_DIR's newest intact checkpoint and config.json into
-  OUTPUT_DIR (new or empty) with a manifest of their SHA-256, COMMAND (the
-  training command), MACHINE (its CPU) and TEST_TOP1 (its final test top-1,
-  as //bin:evaluate prints it). Returns the manifest."""
+  """Writes the weights MODEL_DIR's newest intact checkpoint evaluates
+  with (their average with --ema_decay: `checkpoints.restore_checkpoint`)
+  and its config.json into OUTPUT_DIR (new or empty), with a manifest of
+  their SHA-256, COMMAND (the training command), MACHINE (its CPU) and
+  TEST_TOP1 (its final test top-1, as //bin:evaluate prints it). Returns
+  the manifest."""
   # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
   from identity_tf.training import checkpoints
   # pylint: enable=g-import-not-at-top
   files.prepare_output_dir(output_dir)
@@ -46,14 +50,18 @@ def package(model_dir, output_dir, *, command, machine, test_top1):
     raise errors.OutputError(
         f"--output_dir={output_dir} is not empty; give a new directory")
   config_file.read(model_dir)  # A run's description, or one line.
-  prefix = checkpoints.find_checkpoint(model_dir)
-  name = os.path.basename(prefix)
-  copied = [config_file.CONFIG_FILE] + sorted(
-      entry for entry in os.listdir(model_dir)
-      if entry.startswith(name + ".") and not entry.endswith(".tmp"))
-  for entry in copied:
-    shutil.copyfile(os.path.join(model_dir, entry),
-                    os.path.join(output_dir, entry))
+  source = checkpoints.find_checkpoint(model_dir)
+  model, _, _ = checkpoints.restore_checkpoint(model_dir, source)
+  name = os.path.basename(source)
+  # What `restore_checkpoint` reads back: the network under "model". Run
+  # with --ema_decay, the folder's config.json still says so, and finding
+  # no average in the checkpoint, evaluation keeps these weights, which
+  # are it.
+  prefix = tf.train.Checkpoint(model=model).write(
+      os.path.join(output_dir, name))
+  checkpoints.write_digest(prefix)
+  shutil.copyfile(config_file.path(model_dir),
+                  os.path.join(output_dir, config_file.CONFIG_FILE))
   # TensorFlow's state file, naming the one checkpoint (relative: the
   # folder moves with the repository).
   files.write_text_atomically(
@@ -64,7 +72,7 @@ def package(model_dir, output_dir, *, command, machine, test_top1):
       "checkpoint": name, "command": command, "machine": machine,
       "test_top1": test_top1,
       "files": {entry: _sha256(os.path.join(output_dir, entry))
-                for entry in sorted(copied + ["checkpoint"])},
+                for entry in sorted(os.listdir(output_dir))},
   }
   files.write_text_atomically(os.path.join(output_dir, MANIFEST),
                               json.dumps(manifest, indent=2) + "\n")
