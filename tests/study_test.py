@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import statistics
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -166,6 +167,60 @@ class Top1RangeTest(absltest.TestCase):
     self.assertEqual(study.top1_range({"arms": [
         {"name": "c", "runs": [_run(0, "done", [0.999, 0.9995])]}]})[1],
                      100.0)
+
+
+class CurvesFigureTest(absltest.TestCase):
+  """The curves figure shows each seed, and the held-out images' top-1
+  where a study holds them out."""
+
+  def _drawn(self, results):
+    """[(panel's y label, ys, linewidth)] of every line plot_curves draws."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    from matplotlib import axes as axes_lib  # pylint: disable=g-import-not-at-top
+    drawn = []
+    original = axes_lib.Axes.plot
+
+    def plot(axes, xs, ys, *args, **kwargs):
+      lines = original(axes, xs, ys, *args, **kwargs)
+      drawn.append((axes, list(ys), lines[0].get_linewidth()))
+      return lines
+
+    with mock.patch.object(axes_lib.Axes, "plot", plot):
+      study.plot_curves(results, os.path.join(
+          self.create_tempdir().full_path, "curves.png"))
+    return [(axes.get_ylabel(), ys, width) for axes, ys, width in drawn]
+
+  def test_each_seed_is_a_thin_line_under_the_mean(self):
+    runs = [_run(0, "done", [0.80, 0.90]), _run(1, "done", [0.70, 0.94])]
+    drawn = self._drawn({"study": "s", "arms": [{"name": "a", "runs": runs}]})
+    top1 = [(ys, width) for label, ys, width in drawn
+            if label == "test top-1 (%)"]
+    # Each seed's own points, thinner than the mean's line.
+    self.assertEqual(sorted(ys for ys, _ in top1),
+                     sorted([[70.0, 94.0], [75.0, 92.0], [80.0, 90.0]]))
+    mean_width = dict((tuple(ys), w) for ys, w in top1)[(75.0, 92.0)]
+    self.assertLess(dict((tuple(ys), w) for ys, w in top1)[(80.0, 90.0)],
+                    mean_width)
+    # One seed: its line alone.
+    drawn = self._drawn({"study": "s", "arms": [{"name": "a",
+                                                  "runs": runs[:1]}]})
+    self.assertEqual([ys for label, ys, _ in drawn if "top-1" in label],
+                     [[80.0, 90.0]])
+
+  def test_a_study_holding_images_out_draws_their_top1(self):
+    runs = [_run(0, "done", [0.80, 0.90]), _run(1, "done", [0.70, 0.94])]
+    for run, held_out in zip(runs, ([0.5, 0.6], [0.7, 0.8])):
+      run["curves"]["validation_top1"] = [[100, held_out[0]],
+                                          [200, held_out[1]]]
+      run["curves"]["test_top1"] = [[200, run["final_top1"]]]
+    results = {"study": "s", "arms": [{"name": "a", "runs": runs}]}
+    self.assertEqual(study.top1_key(results), "validation_top1")
+    drawn = self._drawn(results)
+    self.assertFalse([1 for label, _, _ in drawn if "test" in label])
+    self.assertIn([60.0, 70.0], [ys for label, ys, _ in drawn
+                                 if label == "held-out top-1 (%)"])
+    self.assertLess(study.top1_range(results, "validation_top1")[0], 60.0)
 
 
 class PairedDifferenceTest(absltest.TestCase):

@@ -665,14 +665,23 @@ def _arm_curves(arm, key):
   return steps, values, len(curves)
 
 
-def top1_range(results):
-  """The test top-1 panel's y-range in %: (low, high) around what every arm
-  reached in the second half of its steps, so that the differences at the
-  end -- a fraction of a point -- are not flattened by the first epoch's
-  (lower) evaluations. None if no arm has a test point."""
+def top1_key(results):
+  """The curve the figure's top-1 panel draws: "validation_top1" where a
+  run of RESULTS holds images out (its test split is read once, at the
+  end: a point, no curve), else "test_top1"."""
+  held_out = any(run["curves"].get("validation_top1")
+                 for arm in results["arms"] for run in arm["runs"])
+  return "validation_top1" if held_out else "test_top1"
+
+
+def top1_range(results, key="test_top1"):
+  """The top-1 panel's y-range in %: (low, high) around what every arm
+  reached in the second half of its steps (KEY: its curve), so that the
+  differences at the end -- a fraction of a point -- are not flattened by
+  the first epoch's (lower) evaluations. None if no arm has a point."""
   late = []
   for arm in results["arms"]:
-    steps, values, _ = _arm_curves(arm, "test_top1")
+    steps, values, _ = _arm_curves(arm, key)
     if steps:
       late += [100 * v for s, v in zip(steps, values) if s >= steps[-1] / 2]
   late = [v for v in late if np.isfinite(v)]
@@ -683,35 +692,46 @@ def top1_range(results):
 
 
 def plot_curves(results, path):
-  """Training loss (log scale) and test top-1 (%) against the step, one line
-  per arm (the mean over its seeds); an x marks where a run diverged. The
-  top-1 axis spans the second half of the runs (`top1_range`)."""
+  """Training loss (log scale) and top-1 (%) against the step, one thick
+  line per arm (the mean over its seeds) over a thin one per seed, so that
+  the spread between seeds shows; an x marks where a run diverged. The
+  top-1 panel is the held-out images' where the runs hold images out
+  (`top1_key`), else the test split's, over the second half of the runs
+  (`top1_range`)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
   figure, (loss_axes, top1_axes) = pyplot.subplots(1, 2, figsize=(13, 5))
+  top1 = top1_key(results)
   # One colour per arm in both panels: an arm that diverged has a loss
-  # curve but no test curve, so the default colour cycles would drift apart.
+  # curve but no top-1 curve, so the default colour cycles would drift apart.
   colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
   for number, arm in enumerate(results["arms"]):
     colour = colours[number % len(colours)]
     for axes, key, scale in ((loss_axes, "train_loss", 1),
-                             (top1_axes, "test_top1", 100)):
+                             (top1_axes, top1, 100)):
       steps, values, seeds = _arm_curves(arm, key)
       if not steps:
         continue
-      label = arm["name"] + (f" ({seeds} seeds)" if seeds > 1 else "")
+      if seeds > 1:
+        for run in arm["runs"]:
+          points = run["curves"][key]
+          axes.plot([s for s, _ in points], [scale * v for _, v in points],
+                    color=colour, linewidth=0.6, alpha=0.35)
+      label = arm["name"] + (f" (mean of {seeds} seeds)" if seeds > 1 else "")
       axes.plot(steps, [scale * v for v in values], label=label,
                 color=colour, linestyle="-" if number < len(colours) else "--",
-                marker="." if key == "test_top1" else None)
+                marker="." if key == top1 else None)
       if key == "train_loss" and any(r["status"] == "diverged"
                                      for r in arm["runs"]):
         axes.plot(steps[-1:], values[-1:], "x", color=colour, markersize=10)
+  split = "held-out" if top1 == "validation_top1" else "test"
   loss_axes.set(xlabel="step", ylabel="training loss", yscale="log",
                 title="training loss (x: diverged after this point)")
-  top1_axes.set(xlabel="step", ylabel="test top-1 (%)",
-                title="test top-1 after each epoch (second half of the run)")
-  limits = top1_range(results)
+  top1_axes.set(xlabel="step", ylabel=f"{split} top-1 (%)",
+                title=f"{split} top-1 at each evaluation (second half of "
+                      "the run)")
+  limits = top1_range(results, top1)
   if limits:
     top1_axes.set_ylim(*limits)
   for axes in (loss_axes, top1_axes):
