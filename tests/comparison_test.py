@@ -198,7 +198,8 @@ class StudyArmsTest(absltest.TestCase):
                        (5000, False, True, self.STEPS))
       self.assertEqual(config.eval_steps, round(55_000 / 128))
     self.assertEqual(rates, {"cifar10_ws": [0.025, 0.05, 0.1, 0.2, 0.4],
-                             "cifar10_ws_bn": [0.025, 0.05, 0.1, 0.2, 0.4]})
+                             "cifar10_ws_bn": [0.025, 0.05, 0.1, 0.2, 0.4,
+                                               0.8]})
 
   def test_the_depths(self):
     each = studies.STUDIES["depth"]
@@ -253,6 +254,12 @@ class StudyArmsTest(absltest.TestCase):
                                arm["config"]["learning_rate"])
     self.assertEqual({p: rate for p, (_, rate) in best.items()},
                      studies.TUNED_RATES)
+    # The edge rule: each tuned rate has a rate run on either side of it.
+    for preset, rate in studies.TUNED_RATES.items():
+      ran = [arm["config"]["learning_rate"] for arm in results["arms"]
+             if arm["preset"] == preset]
+      self.assertLess(min(ran), rate, preset)
+      self.assertGreater(max(ran), rate, preset)
     self.assertEqual({p: c["learning_rate"]
                       for p, c in results["selected"].items()},
                      studies.TUNED_RATES)
