@@ -332,6 +332,16 @@ class TimeToLevelsTest(absltest.TestCase):
                      {"X": 60.0, "Y": 90.0})
     self.assertEqual(list(metrics.machines(records[4:] + records)),
                      ["Y", "X"])
+    # A run that holds images out: the levels of its held-out evaluations,
+    # not of the test split's one evaluation at the end.
+    held_out = [dict(r) for r in records[:7]]
+    held_out[2] = {"step": 100, "validation": {"top1": 0.93},
+                   "time": 1012.0}
+    held_out[6] = {"step": 200, "eval": {"top1": 0.99}, "time": 5025.0}
+    self.assertEqual(metrics.time_to_levels(held_out, (0.92,), "validation"),
+                     {0.92: {"step": 100, "wall_seconds": 12.0}})
+    self.assertEqual(metrics.time_to_levels(held_out, (0.92,)),
+                     {0.92: {"step": 200, "wall_seconds": 55.0}})
 
 
 class MetricsFileTest(absltest.TestCase):
@@ -376,6 +386,15 @@ class TimeToTop1Test(absltest.TestCase):
     self.assertEqual(reached["0.9"], {"step": 300, "wall_seconds": 85.0,
                                       "estimated_seconds": 150.0})
     self.assertIsNone(reached["0.92"])
+    # A run that holds images out: its held-out evaluations, where the test
+    # split's one evaluation at the end would say step 300 for every level.
+    held_out = records[:2] + [{"step": 100, "validation": {"top1": 0.93},
+                               "time": 40.0}] + records[3:5] + [
+                                   {"step": 300, "validation": {"top1": 0.94},
+                                    "eval": {"top1": 0.99}, "time": 1045.0}]
+    reached = study._time_to_top1(held_out, 64.0, {"batch_size": 32})
+    self.assertEqual(reached["0.92"], {"step": 100, "wall_seconds": 40.0,
+                                       "estimated_seconds": 50.0})
 
 
 class RunStatusTest(absltest.TestCase):
@@ -617,7 +636,7 @@ class RunStudyTest(absltest.TestCase):
       first = next((r["step"] for r in evaluations
                     if r["eval"]["top1"] >= level), None)
       self.assertEqual((reached[str(level)] or {}).get("step"), first, level)
-    self.assertIn("| minutes to 1 / 50 / 100 %: wall |",
+    self.assertIn("| minutes to 1 / 50 / 100 % (test): wall |",
                   study.markdown_table(other))
 
   def _check_a_second_command(self, output_dir, results, run):
@@ -731,7 +750,7 @@ class RunStudyTest(absltest.TestCase):
     # in the report.
     self.assertEqual(text.count("| 1 unfinished |"), 1)
     self.assertNotIn("lr_x10", text)
-    self.assertIn("| minutes to 50 / 92.34 %: wall |", text)
+    self.assertIn("| minutes to 50 / 92.34 % (test): wall |", text)
 
 
 class ResultsTablesTest(absltest.TestCase):

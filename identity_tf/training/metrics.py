@@ -372,14 +372,15 @@ def validation_curve(records, name="top1"):
   return _curve(records, lambda r: r.get(VALIDATION, {}).get(name))
 
 
-def time_to_levels(records, levels):
-  """{level: {"step", "wall_seconds"} or None} for each test top-1 LEVEL:
-  the first evaluation of training in RECORDS (`read`'s) at or above it,
-  and the training time up to it (`_training_time`; None where that
-  evaluation came before the first session recorded)."""
+def time_to_levels(records, levels, split="eval"):
+  """{level: {"step", "wall_seconds"} or None} for each top-1 LEVEL of
+  SPLIT ("eval", the evaluation split, or VALIDATION, the held-out training
+  images): the first evaluation of training in RECORDS (`read`'s) at or
+  above it, and the training time up to it (`_training_time`; None where
+  that evaluation came before the first session recorded)."""
   reached = {level: None for level in levels}
   for record, elapsed in _training_time(records):
-    top1 = record.get("eval", {}).get("top1")
+    top1 = record.get(split, {}).get("top1")
     if top1 is None or _from_evaluate(record):
       continue
     for level in levels:

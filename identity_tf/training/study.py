@@ -373,12 +373,15 @@ def _deterministic(description):
 
 
 def _time_to_top1(records, rate, config, levels=TOP1_LEVELS):
-  """{"0.9": {"step", "wall_seconds", "estimated_seconds"} or None} per test
-  top-1 level of LEVELS. wall_seconds is the training time it took (None where
-  metrics.jsonl does not cover it); estimated_seconds, the examples to that
-  evaluation at the run's median speed: what it takes undisturbed."""
+  """{"0.9": {"step", "wall_seconds", "estimated_seconds"} or None} per
+  top-1 level of LEVELS: of the held-out images where the run holds some
+  out (its test split is read once, at the end), else of the test split.
+  wall_seconds is the training time it took (None where metrics.jsonl does
+  not cover it); estimated_seconds, the examples to that evaluation at the
+  run's median speed: what it takes undisturbed."""
   from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
-  reached = metrics.time_to_levels(records, levels)
+  split = ("validation" if metrics.validation_curve(records) else "eval")
+  reached = metrics.time_to_levels(records, levels, split)
   for point in reached.values():
     if point is not None:
       point["estimated_seconds"] = (
@@ -583,8 +586,8 @@ def markdown_table(results):
       + (f"against {reference} (paired by seed) | " if reference else "")
       + ("final validation top-1 (%) | " if validation else "")
       + "best test top-1 (%) | training-set loss | training-set top-1 (%) | "
-      f"NaN at step | wall time | images/s | minutes to {levels} %: wall | "
-      "undisturbed |",
+      f"NaN at step | wall time | images/s | minutes to {levels} % "
+      f"({'validation' if validation else 'test'}): wall | undisturbed |",
       "|---|---|---|---|" + ("---|" if reference else "")
       + ("---|" if validation else "")
       + "---|---|---|---|---|---|---|---|",
