@@ -11,6 +11,7 @@ prints, writes to sys.stdout/sys.stderr, or ends the process.
 
 import ast
 import os
+import re
 
 from absl.testing import absltest
 
@@ -180,6 +181,34 @@ class OneAtomicWriterTest(absltest.TestCase):
     with open(path) as f:
       self.assertEqual(f.read(), "new")
     self.assertEqual(os.listdir(directory), ["config.json"])
+
+
+class SuiteLayoutTest(absltest.TestCase):
+  """`bazel test //...` runs every test file: alone, or in a group
+  (tests/BUILD's *_group targets, tests/grouped_tests.py)."""
+
+  def test_every_test_file_runs_once_in_the_suite(self):
+    tests = os.path.join(testing.source_root(), "tests")
+    with open(os.path.join(tests, "BUILD")) as f:
+      build = f.read()
+    files = {name[:-len(".py")] for name in os.listdir(tests)
+             if name.endswith("_test.py")}
+    alone, manual, grouped = set(), set(), []
+    for block in re.findall(r"^py_test\((.*?)^\)", build, re.S | re.M):
+      name = re.search(r'name = "([^"]+)"', block).group(1)
+      group = re.search(r'"--group=([^"]+)"', block)
+      if group:
+        grouped += group.group(1).split(",")
+      elif '"manual"' in block:
+        manual.add(name)
+      else:
+        alone.add(name)
+    self.assertEqual(len(grouped), len(set(grouped)), "a file in two groups")
+    # Each file runs once: alone or in a group, never both, never neither.
+    self.assertEqual(alone & set(grouped), set())
+    self.assertEqual(alone | set(grouped), files)
+    # A file's own target is tagged manual only where a group runs it.
+    self.assertEqual(manual, set(grouped))
 
 
 if __name__ == "__main__":
