@@ -732,8 +732,8 @@ def plot_curves(results, path):
   loss_axes.set(xlabel="step", ylabel="training loss", yscale="log",
                 title="training loss (x: diverged after this point)")
   top1_axes.set(xlabel="step", ylabel=f"{split} top-1 (%)",
-                title=f"{split} top-1 at each evaluation (y: the range of "
-                      "the runs' second half)")
+                title=f"{split} top-1 per evaluation (y: the second "
+                      "half's range)")
   limits = top1_range(results, top1)
   if limits:
     top1_axes.set_ylim(*limits)
