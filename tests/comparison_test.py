@@ -296,13 +296,15 @@ class StudyArmsTest(absltest.TestCase):
     half = 2.131847 * python_statistics.stdev(differences) / math.sqrt(5)
     readme = os.path.join(os.path.dirname(_RESULTS), os.pardir, "README.md")
     with open(readme) as f:
-      (row,) = [line for line in f if line.startswith("| `cifar10_ws` | 0.1 |")]
+      (row,) = [line for line in f if line.startswith(
+          f"| `cifar10_ws` | {studies.TUNED_RATES['cifar10_ws']:g} |")]
     self.assertIn(f"{python_statistics.mean(values):.2f} ± "
                   f"{python_statistics.stdev(values):.2f}", row)
     self.assertIn(f"{centre:+.2f} (90 % interval {centre - half:+.2f} to "
                   f"{centre + half:+.2f})", row)
-    self.assertEqual("equivalent within 0.5" in row,
-                     -0.5 < centre - half and centre + half < 0.5)
+    margin = 100 * results["margin"]
+    self.assertEqual(f"equivalent within {margin:g}" in row,
+                     -margin < centre - half and centre + half < margin)
 
   def test_tuned_and_batch_wait_for_the_rates(self):
     with mock.patch.dict(studies.TUNED_RATES, {"cifar10_ws_bn": None}):
