@@ -19,6 +19,7 @@ from absl.testing import absltest
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf.training import checkpoints
 from identity_tf.training import config_file
 from identity_tf.training import shipped
 import testing
@@ -63,6 +64,16 @@ class CommittedModelsTest(absltest.TestCase):
         size = sum(os.path.getsize(os.path.join(folder, entry))
                    for entry in os.listdir(folder))
         self.assertLess(size, 20 << 20)
+
+  def test_each_checkpoint_is_the_finished_network_its_config_builds(self):
+    for name in self._models():
+      with self.subTest(name):
+        folder = os.path.join(MODELS, name)
+        # Every weight of the network config.json describes, none missing
+        # or left over (`check_network`), from the run's last step.
+        _, run, step = checkpoints.restore_checkpoint(
+            folder, checkpoints.find_checkpoint(folder))
+        self.assertEqual(step, run.config.train_steps)
 
   def test_each_config_is_its_preset_and_command(self):
     with open(os.path.join(testing.source_root(), "README.md")) as f:
