@@ -402,7 +402,7 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     strategy = distribute.create_strategy(config.strategy, tpu,
                                           timeout=cluster_timeout, echo=echo)
   if config.deterministic:
-    tf.config.experimental.enable_op_determinism()
+    make_deterministic()
   keras.utils.set_random_seed(config.seed)
   coordinator = None
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
@@ -428,6 +428,26 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
     with checkpoints.lock(model_dir):
       config_file.check_resumable(model_dir, config)
       return _train(Trainer(run, strategy, **options), echo, verbose)
+
+
+def make_deterministic():
+  """What --deterministic asks of TensorFlow, for the whole process and
+  before any step is traced: every op a deterministic kernel or an error
+  (`tf.config.experimental.enable_op_determinism`), and Grappler's
+  arithmetic optimizer off.
+
+  Op determinism alone does not give bit-identical reruns of the deeper
+  networks. With the arithmetic optimizer rewriting the training step's
+  graph, `cifar10_ws` at width 0.25 (9 units per stage) repeated one step
+  from one saved state gave a different result almost every time from
+  some states on (a few elements of a few conv kernels, in the last bits),
+  with threads, oneDNN and the input ruled out; with that one Grappler
+  pass off, the repeats agree. Its rewrites are for speed only, and
+  Grappler's other passes leave the step repeatable.
+  """
+  tf.config.experimental.enable_op_determinism()
+  tf.config.optimizer.set_experimental_options(
+      {"arithmetic_optimization": False})
 
 
 # What TensorFlow says when, under op determinism, an op has no
