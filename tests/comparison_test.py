@@ -306,6 +306,36 @@ class StudyArmsTest(absltest.TestCase):
     self.assertEqual(f"equivalent within {margin:g}" in row,
                      -margin < centre - half and centre + half < margin)
 
+  def test_the_depth_table_is_the_depth_file(self):
+    # results.md's depth table, cell by cell, from depth.json: the held-out
+    # top-1 after the one epoch, and the minutes the epoch's images take at
+    # the run's median images/s; every arm of the study, seed 0, done.
+    with open(os.path.join(_RESULTS, "depth.json")) as f:
+      results = json.load(f)
+    self.assertEqual((results["study"], results["epochs"]), ("depth", 1.0))
+    runs = {arm["name"]: arm["runs"] for arm in results["arms"]}
+    with open(os.path.join(os.path.dirname(_RESULTS), "results.md")) as f:
+      text = f.read()
+    section = text[text.index("### Depth (study depth)"):]
+    table = section[section.index("\n| network"):]
+    table = table[:table.index("\n\n")].strip().splitlines()
+    self.assertEqual(table[0].split("|")[2:-1],
+                     [f" {units} units " for units in studies.DEPTHS])
+    checked = set()
+    for line in table[2:]:
+      preset, *cells = [cell.strip() for cell in line.split("|")[1:-1]]
+      for units, cell in zip(studies.DEPTHS, cells, strict=True):
+        name = f"{preset.strip('`')}_units{units}"
+        (run,) = runs[name]
+        self.assertEqual((run["seed"], run["status"]), (0, "done"), name)
+        minutes = run["train_set"]["examples"] / run["images_per_second"] / 60
+        self.assertTrue(cell.startswith(
+            f"{100 * run['final_validation_top1']:.2f} ({minutes:.1f} min)"),
+                        f"{name}: {cell}")
+        checked.add(name)
+    self.assertEqual(checked,
+                     {arm.name for arm in studies.STUDIES["depth"].arms})
+
   def test_tuned_and_batch_wait_for_the_rates(self):
     with mock.patch.dict(studies.TUNED_RATES, {"cifar10_ws_bn": None}):
       waiting = (studies._tuned_study(), studies._batch_study())
