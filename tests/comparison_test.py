@@ -167,6 +167,15 @@ _RESULTS = os.path.join(
     "docs", "results")
 
 
+def _results_table(start):
+  """The lines of the first table after the text START in results.md."""
+  with open(os.path.join(os.path.dirname(_RESULTS), "results.md")) as f:
+    text = f.read()
+  section = text[text.index(start):]
+  table = section[section.index("\n| "):]
+  return table[:table.index("\n\n")].strip().splitlines()
+
+
 def _config(arm, **options):
   return study.run_config(arm, 0, dataset="fashion_mnist", epochs=10,
                           num_train_examples=60_000, **options)
@@ -314,11 +323,7 @@ class StudyArmsTest(absltest.TestCase):
       results = json.load(f)
     self.assertEqual((results["study"], results["epochs"]), ("depth", 1.0))
     runs = {arm["name"]: arm["runs"] for arm in results["arms"]}
-    with open(os.path.join(os.path.dirname(_RESULTS), "results.md")) as f:
-      text = f.read()
-    section = text[text.index("### Depth (study depth)"):]
-    table = section[section.index("\n| network"):]
-    table = table[:table.index("\n\n")].strip().splitlines()
+    table = _results_table("### Depth (study depth)")
     self.assertEqual(table[0].split("|")[2:-1],
                      [f" {units} units " for units in studies.DEPTHS])
     checked = set()
@@ -335,6 +340,44 @@ class StudyArmsTest(absltest.TestCase):
         checked.add(name)
     self.assertEqual(checked,
                      {arm.name for arm in studies.STUDIES["depth"].arms})
+
+  def test_the_ten_epoch_depth_table_is_its_files(self):
+    # results.md's 10-epoch table: the pair at 27 units from depth10.json
+    # (held-out top-1, minutes per epoch, training-set loss), beside the
+    # same recipe at 9 units, which is the rate sweep's arm at the presets'
+    # own rate (rates.json).
+    files = {}
+    for name in ("depth10", "rates"):
+      with open(os.path.join(_RESULTS, f"{name}.json")) as f:
+        files[name] = {arm["name"]: arm for arm in json.load(f)["arms"]}
+      with open(os.path.join(_RESULTS, f"{name}.json")) as f:
+        self.assertEqual(json.load(f)["epochs"], 10.0, name)
+    table = _results_table("Ten epochs at 27 units")
+    self.assertEqual([cell.strip() for cell in table[0].split("|")[2:-1]],
+                     ["9 units", "27 units", "training-set loss, 9 / 27"])
+    checked = set()
+    for line in table[2:]:
+      preset, nine, deep, losses = [cell.strip()
+                                    for cell in line.split("|")[1:-1]]
+      preset = preset.strip("`")
+      shallow = files["rates"][
+          f"{preset}_lr{configs.PRESETS[preset].learning_rate:g}"]
+      # The preset's own depth (None: Table 1's 9 units per stage).
+      units = shallow["config"]["units"]
+      self.assertEqual(units if units is None else tuple(units),
+                       configs.PRESETS[preset].units)
+      (run9,) = shallow["runs"]
+      (run27,) = files["depth10"][f"{preset}_units27"]["runs"]
+      for run in (run9, run27):
+        self.assertEqual((run["seed"], run["status"]), (0, "done"), preset)
+      minutes = run27["train_set"]["examples"] / run27["images_per_second"]
+      self.assertEqual(nine, f"{100 * run9['final_validation_top1']:.2f}")
+      self.assertEqual(deep, f"{100 * run27['final_validation_top1']:.2f} "
+                             f"({minutes / 60:.1f} min)")
+      self.assertEqual(losses, f"{run9['train_set']['loss']:.4f} / "
+                               f"{run27['train_set']['loss']:.4f}")
+      checked.add(preset)
+    self.assertEqual(checked, set(studies.PAIR))
 
   def test_tuned_and_batch_wait_for_the_rates(self):
     with mock.patch.dict(studies.TUNED_RATES, {"cifar10_ws_bn": None}):
