@@ -167,6 +167,18 @@ _RESULTS = os.path.join(
     "docs", "results")
 
 
+def _result_file(name):
+  """docs/results/NAME.json, parsed."""
+  with open(os.path.join(_RESULTS, f"{name}.json")) as f:
+    return json.load(f)
+
+
+def _epoch_minutes(run):
+  """Minutes RUN's epoch of training images takes at its median images/s,
+  as results.md's depth tables give them."""
+  return run["train_set"]["examples"] / run["images_per_second"] / 60
+
+
 def _results_table(start):
   """The lines of the first table after the text START in results.md."""
   with open(os.path.join(os.path.dirname(_RESULTS), "results.md")) as f:
@@ -251,8 +263,7 @@ class StudyArmsTest(absltest.TestCase):
   def test_the_tuned_rates_are_the_sweeps_choice(self):
     # The rates study's committed results, its selection rule applied here:
     # the rate of each preset's arm with the best final validation top-1.
-    with open(os.path.join(_RESULTS, "rates.json")) as f:
-      results = json.load(f)
+    results = _result_file("rates")
     best = {}
     for arm in results["arms"]:
       (run,) = arm["runs"]
@@ -282,8 +293,7 @@ class StudyArmsTest(absltest.TestCase):
     # seeds 0-4 for both, the margin the issue stated. README's row is
     # recomputed here from the per-seed values (mean, std, the equivalence
     # test's 90 % interval), so a document left behind by a rerun fails.
-    with open(os.path.join(_RESULTS, "tuned.json")) as f:
-      results = json.load(f)
+    results = _result_file("tuned")
     self.assertEqual(results["study"], "tuned")
     self.assertEqual(results["margin"], 0.005)
     top1 = {}
@@ -319,8 +329,7 @@ class StudyArmsTest(absltest.TestCase):
     # results.md's depth table, cell by cell, from depth.json: the held-out
     # top-1 after the one epoch, and the minutes the epoch's images take at
     # the run's median images/s; every arm of the study, seed 0, done.
-    with open(os.path.join(_RESULTS, "depth.json")) as f:
-      results = json.load(f)
+    results = _result_file("depth")
     self.assertEqual((results["study"], results["epochs"]), ("depth", 1.0))
     runs = {arm["name"]: arm["runs"] for arm in results["arms"]}
     table = _results_table("### Depth (study depth)")
@@ -333,9 +342,9 @@ class StudyArmsTest(absltest.TestCase):
         name = f"{preset.strip('`')}_units{units}"
         (run,) = runs[name]
         self.assertEqual((run["seed"], run["status"]), (0, "done"), name)
-        minutes = run["train_set"]["examples"] / run["images_per_second"] / 60
         self.assertTrue(cell.startswith(
-            f"{100 * run['final_validation_top1']:.2f} ({minutes:.1f} min)"),
+            f"{100 * run['final_validation_top1']:.2f} "
+            f"({_epoch_minutes(run):.1f} min)"),
                         f"{name}: {cell}")
         checked.add(name)
     self.assertEqual(checked,
@@ -348,10 +357,9 @@ class StudyArmsTest(absltest.TestCase):
     # own rate (rates.json).
     files = {}
     for name in ("depth10", "rates"):
-      with open(os.path.join(_RESULTS, f"{name}.json")) as f:
-        files[name] = {arm["name"]: arm for arm in json.load(f)["arms"]}
-      with open(os.path.join(_RESULTS, f"{name}.json")) as f:
-        self.assertEqual(json.load(f)["epochs"], 10.0, name)
+      results = _result_file(name)
+      self.assertEqual(results["epochs"], 10.0, name)
+      files[name] = {arm["name"]: arm for arm in results["arms"]}
     table = _results_table("Ten epochs at 27 units")
     self.assertEqual([cell.strip() for cell in table[0].split("|")[2:-1]],
                      ["9 units", "27 units", "training-set loss, 9 / 27"])
@@ -370,10 +378,9 @@ class StudyArmsTest(absltest.TestCase):
       (run27,) = files["depth10"][f"{preset}_units27"]["runs"]
       for run in (run9, run27):
         self.assertEqual((run["seed"], run["status"]), (0, "done"), preset)
-      minutes = run27["train_set"]["examples"] / run27["images_per_second"]
       self.assertEqual(nine, f"{100 * run9['final_validation_top1']:.2f}")
       self.assertEqual(deep, f"{100 * run27['final_validation_top1']:.2f} "
-                             f"({minutes / 60:.1f} min)")
+                             f"({_epoch_minutes(run27):.1f} min)")
       self.assertEqual(losses, f"{run9['train_set']['loss']:.4f} / "
                                f"{run27['train_set']['loss']:.4f}")
       checked.add(preset)
