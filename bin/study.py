@@ -15,13 +15,20 @@ and best test top-1, NaN steps, wall time per configuration) and curves.png,
 of every run started there: a command for one more seed or arm adds it to
 the report.
 Progress goes to stderr; the paths of the report to stdout. The studies are
-in identity_tf/studies.py (STUDIES); docs/results.md has the published ones.
+in identity_tf/studies.py (STUDIES); docs/results.md has the published ones,
+from their result files in docs/results, which --publish writes:
+
+    bazel run //bin:study -- --study=depth --epochs=10 ... \\
+        --output_dir=runs/depth10 --report_only \\
+        --publish=docs/results/depth10.json --title="..."
+
 A study that holds out training images scores every run on them each epoch
 and reads the test split once, at the end, or not at all (the study says
 which); its runs are --deterministic unless --nodeterministic.
 """
 
 import os
+import shlex
 
 # TensorFlow's C++ log keeps to errors unless the user chose a level; set
 # before anything imports TensorFlow (`cli.begin` also leaves out its
@@ -64,7 +71,26 @@ flags.DEFINE_boolean("deterministic", None, "Every run's: "
                      "study's (on for the studies that hold out images).")
 flags.DEFINE_boolean("report_only", False, "Write the report from the runs "
                      "started in --output_dir; train nothing.")
+flags.DEFINE_string("publish", None, "Also write the report as a result "
+                    "file of docs/results here (docs/results/README.md has "
+                    "the format): run paths relative to where the command "
+                    "runs, the CPUs the runs trained on, and this command "
+                    "without --publish, --title and --report_only, as the "
+                    "one that makes the runs. Needs --title.")
+flags.DEFINE_string("title", None, "With --publish: the file's title, one "
+                    "line.")
 flags.mark_flag_as_required("study")
+flags.register_validator(
+    "title", lambda title: title is None or (title.strip() and
+                                             "\n" not in title),
+    "--title must be one line of text")
+flags.register_multi_flags_validator(
+    ["publish", "title"], lambda given: not given["publish"] or
+    given["title"], "--publish needs --title=\"...\": the result file's title")
+# The flags that make the runs: a published file's command is these, as
+# given.
+_RUN_FLAGS = ("study", "dataset", "data_dir", "epochs", "width", "precision",
+              "output_dir", "arms", "seeds", "deterministic", "top1_levels")
 # --help lists the flags this binary takes from cli with its own.
 flags.adopt_module_key_flags(cli)
 
@@ -81,7 +107,29 @@ def main(argv):
         precision=FLAGS.precision,
         arms=FLAGS.arms, seeds=FLAGS.seeds or None,
         deterministic=FLAGS.deterministic,
-        report_only=FLAGS.report_only, top1_levels=FLAGS.top1_levels)
+        report_only=FLAGS.report_only, top1_levels=FLAGS.top1_levels,
+        publish=FLAGS.publish and (cli.resolve_path(FLAGS.publish),
+                                   FLAGS.title, _command_line()))
+
+
+def _command_line():
+  """The command that trains and reports the runs, as a reader types it:
+  the run flags given here (`_RUN_FLAGS`), with $HOME for the home
+  directory, so that a published file names no path of this machine."""
+  home = os.path.expanduser("~").rstrip("/") + "/"
+  words = ["./bazelw", "run", "//bin:study", "--"]
+  for name in _RUN_FLAGS:
+    if FLAGS[name].present:
+      for word in FLAGS[name].serialize().splitlines():
+        flag, is_set, value = word.partition("=")
+        if is_set:
+          # Quoted where the shell would split or expand it; $HOME is left
+          # outside the quotes, to expand.
+          word = flag + "=" + (
+              "$HOME/" + shlex.quote(value[len(home):])
+              if value.startswith(home) else shlex.quote(value))
+        words.append(word)
+  return " ".join(words)
 
 
 def run():

@@ -604,7 +604,35 @@ class RunStudyTest(absltest.TestCase):
     self.assertTrue(any("diverged: " in line and
                         "became NaN or infinite" in line for line in lines))
     self._check_curves_come_from_the_records(output_dir, run)
+    self._check_published(output_dir, results)
     self._check_a_second_command(output_dir, results, run)
+
+  def _check_published(self, output_dir, results):
+    # As a result file of docs/results: the same runs, each model_dir
+    # relative to the directory given, every machine a run trained on in
+    # "cpu", the command under the study's name; the report itself stays.
+    before = json.dumps(results, sort_keys=True)
+    parent, name = os.path.split(output_dir)
+    data = study.published(results, title="Tiny", command="./bazelw run x",
+                           base_dir=parent)
+    self.assertEqual(json.dumps(results, sort_keys=True), before)
+    self.assertEqual(
+        [(arm["name"], arm["command"], [r["model_dir"] for r in arm["runs"]])
+         for arm in data["arms"]],
+        [("smoke", "tiny", [os.path.join(name, "smoke", "seed0")]),
+         ("huge/lr", "tiny", [os.path.join(name, "huge_lr", "seed0")])])
+    self.assertEqual(data["commands"], {"tiny": "./bazelw run x"})
+    self.assertEqual((data["title"], data["source"]),
+                     ("Tiny", study.PUBLISHED_BY))
+    for arm in data["arms"]:
+      for machine in arm["runs"][0]["machines"]:
+        self.assertIn(machine, data["cpu"])
+    self.assertIs(results_tables.check(data, "tiny.json"), data)
+    def without_model_dirs(arms):
+      return [[{k: v for k, v in run.items() if k != "model_dir"}
+               for run in arm["runs"]] for arm in arms]
+    self.assertEqual(without_model_dirs(data["arms"]),
+                     without_model_dirs(results["arms"]))
 
   def _check_curves_come_from_the_records(self, output_dir, run):
     # Everything comes from metrics.jsonl: no study.json is written, and
@@ -736,14 +764,40 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(os.listdir(output_dir), ["lr_x10_clip"])
     shutil.rmtree(os.path.join(output_dir, "lr_x10_clip"))
     os.makedirs(os.path.join(output_dir, "smoke", "seed0"))
+    # --publish needs a title, and a directory that is there, before
+    # anything runs.
+    published = os.path.join(self.create_tempdir().full_path, "smoke.json")
+    for args, line in (
+        ([f"--publish={published}"], '--publish needs --title="..."'),
+        ([f"--publish={published}/x.json", "--title=T"],
+         f"error: --publish={published}/x.json: directory {published} does "
+         "not exist; create it or give another path")):
+      result = testing.run_binary("study", "--study=smoke", "--report_only",
+                                  f"--output_dir={output_dir}", *args)
+      self.assertEqual(result.returncode, 1)
+      self.assertIn(line, result.stderr)
+    home = os.path.expanduser("~")
     result = testing.run_binary("study", "--study=smoke", "--report_only",
                                 "--dataset=synthetic", "--top1_levels=0.9234",
                                 "--top1_levels=0.5",
-                                f"--output_dir={output_dir}", check=True)
-    self.assertEqual(result.stdout.split(),
+                                f"--output_dir={output_dir}",
+                                f"--data_dir={home}/never read",
+                                f"--publish={published}",
+                                "--title=One run, unfinished", check=True)
+    self.assertEqual(result.stdout.split("\n")[:-1],
                      [os.path.join(output_dir, name)
                       for name in (study.RESULTS_JSON, study.RESULTS_MARKDOWN,
-                                   study.CURVES_PNG)])
+                                   study.CURVES_PNG)] + [published])
+    # The published command trains and reports the runs: the run flags as
+    # given, in the order the binary lists them, the home directory as
+    # $HOME (outside the quotes of a path with a space); not --publish,
+    # --title or --report_only.
+    (_, data), = results_tables.load(os.path.dirname(published))[0].items()
+    self.assertEqual(data["commands"], {"smoke": (
+        "./bazelw run //bin:study -- --study=smoke --dataset=synthetic "
+        f"--data_dir=$HOME/'never read' --output_dir={output_dir} "
+        "--top1_levels=0.9234 --top1_levels=0.5")})
+    self.assertEqual(data["title"], "One run, unfinished")
     with open(os.path.join(output_dir, study.RESULTS_MARKDOWN)) as f:
       text = f.read()
     # One run has started, and not finished; the arms never run are not

@@ -6,21 +6,26 @@ before hours of training, progress on stderr, the report's paths on stdout,
 and SIGTERM or Ctrl-C turned into one line and the signal's exit status.
 """
 
+import json
+
 from identity_tf import files
 from identity_tf import studies
 from identity_tf.commands import cli
 from identity_tf.training import preemption
+from identity_tf.training import results_tables
 from identity_tf.training import study as study_lib
 
 
 def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
                   width=None, precision=None, arms=None, seeds=None,
                   deterministic=None, report_only=False, top1_levels=None,
-                  echo=cli.print_stderr, result=print):
+                  publish=None, echo=cli.print_stderr, result=print):
   """Trains the runs of study NAME (`studies.STUDIES`) that have not
   finished -- none with REPORT_ONLY -- and writes the report into
   OUTPUT_DIR (`study.report`, with the minutes to each test top-1 level
   of TOP1_LEVELS, None: `study.TOP1_LEVELS`), whose paths go to RESULT.
+  PUBLISH, (path, title, command line), also writes the report as a result
+  file of docs/results there (`study.published`), its path checked first.
 
   ECHO receives the progress (`study.run_study`). SIGTERM or Ctrl-C stops
   the study with one line and the signal's exit status once the current run
@@ -29,6 +34,8 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
   study = studies.STUDIES[name]
   top1_levels = top1_levels or study_lib.TOP1_LEVELS
   files.prepare_output_dir(output_dir)  # Before hours of training, not after.
+  if publish:
+    files.check_output_file(publish[0], f"--publish={publish[0]}")
   try:
     if report_only:
       results = study_lib.collect(study, output_dir, arms=arms, seeds=seeds,
@@ -44,4 +51,14 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
   for path in study_lib.report(results, output_dir, dataset=dataset,
                                epochs=epochs, width=width,
                                precision=precision).values():
+    result(path)
+  if publish:
+    path, title, command = publish
+    data = study_lib.published(results, title=title, command=command,
+                               base_dir=cli.resolve_path("."))
+    # What results_tables will read back: a value it would refuse is
+    # refused here, before the file lands in docs/results.
+    results_tables.check(data, path)
+    files.write_text_atomically(
+        path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     result(path)

@@ -11,7 +11,8 @@ run's metrics.jsonl, its one record: how it ended, its wall time and its
 curves -- and `write_report` turns it into results.json,
 results.md (a markdown table) and curves.png (training loss and test top-1
 against the step, one line per arm), given the settings it ran with
-(`report`). //bin:study's orchestration is `commands.study`.
+(`report`); `published` makes it a result file of docs/results.
+//bin:study's orchestration is `commands.study`.
 
 A study that holds out training images (`studies.Study.validation_examples`)
 evaluates every run on them once per epoch and reads the test split once,
@@ -56,6 +57,9 @@ RATES_PNG = "rates.png"
 TOP1_LEVELS = (0.85, 0.90, 0.92)
 # What a report's header says every run trained with.
 SETTINGS = ("dataset", "epochs", "width", "precision")
+# The "source" of a result file `published` writes.
+PUBLISHED_BY = ("written by //bin:study --publish (identity_tf/training/"
+                "study.py, published)")
 
 
 def model_dir_of(output_dir, arm, seed):
@@ -836,6 +840,28 @@ def write_report(results, output_dir):
     paths[RATES_PNG] = os.path.join(output_dir, RATES_PNG)
     write_rates(results, paths[RATES_PNG])
   return paths
+
+
+def published(results, *, title, command, base_dir):
+  """RESULTS (`report`'s, settings included) as a result file of
+  docs/results (docs/results/README.md has the format): TITLE; COMMAND,
+  the command line that trains the runs and reports them, as "commands"
+  under the study's name, which every arm names as its "command"; "cpu",
+  every machine the runs trained on (each run's "machines" has its own
+  images/s); and each run's model_dir relative to BASE_DIR, the directory
+  the command ran from, so that the file names no path of the machine."""
+  data = json.loads(json.dumps(results))  # A copy: the report stays as is.
+  key, machines = data["study"], []
+  for arm in data["arms"]:
+    arm["command"] = key
+    for run in arm["runs"]:
+      if "://" not in run["model_dir"]:
+        run["model_dir"] = os.path.relpath(run["model_dir"], base_dir)
+      machines += [m for m in run.get("machines") or {}
+                   if m not in machines]
+  data.update(title=title, commands={key: command}, source=PUBLISHED_BY,
+              cpu="; ".join(machines) or "not recorded")
+  return data
 
 
 def write_rates(results, path):
