@@ -108,8 +108,8 @@ def main(argv):
         arms=FLAGS.arms, seeds=FLAGS.seeds or None,
         deterministic=FLAGS.deterministic,
         report_only=FLAGS.report_only, top1_levels=FLAGS.top1_levels,
-        publish=FLAGS.publish and (cli.resolve_path(FLAGS.publish),
-                                   FLAGS.title, _command_line()))
+        publish=FLAGS.publish and (FLAGS.publish, FLAGS.title,
+                                   _command_line()))
 
 
 def _command_line():
@@ -117,6 +117,7 @@ def _command_line():
   the run flags given here (`_RUN_FLAGS`), with $HOME for the home
   directory, so that a published file names no path of this machine."""
   home = os.path.expanduser("~").rstrip("/") + "/"
+  home = None if home == "/" else home  # A home of / is not worth naming.
   words = ["./bazelw", "run", "//bin:study", "--"]
   for name in _RUN_FLAGS:
     if FLAGS[name].present:
@@ -127,7 +128,7 @@ def _command_line():
           # outside the quotes, to expand.
           word = flag + "=" + (
               "$HOME/" + shlex.quote(value[len(home):])
-              if value.startswith(home) else shlex.quote(value))
+              if home and value.startswith(home) else shlex.quote(value))
         words.append(word)
   return " ".join(words)
 

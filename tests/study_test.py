@@ -765,13 +765,14 @@ class RunStudyTest(absltest.TestCase):
     shutil.rmtree(os.path.join(output_dir, "lr_x10_clip"))
     os.makedirs(os.path.join(output_dir, "smoke", "seed0"))
     # --publish needs a title, and a directory that is there, before
-    # anything runs.
+    # anything runs; the flag is named as typed.
     published = os.path.join(self.create_tempdir().full_path, "smoke.json")
     for args, line in (
         ([f"--publish={published}"], '--publish needs --title="..."'),
-        ([f"--publish={published}/x.json", "--title=T"],
-         f"error: --publish={published}/x.json: directory {published} does "
-         "not exist; create it or give another path")):
+        (["--publish=no_such_dir/x.json", "--title=T"],
+         "error: --publish=no_such_dir/x.json: directory "
+         f"{os.path.join(os.getcwd(), 'no_such_dir')} does not exist; "
+         "create it or give another path")):
       result = testing.run_binary("study", "--study=smoke", "--report_only",
                                   f"--output_dir={output_dir}", *args)
       self.assertEqual(result.returncode, 1)

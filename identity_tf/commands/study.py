@@ -24,8 +24,9 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
   finished -- none with REPORT_ONLY -- and writes the report into
   OUTPUT_DIR (`study.report`, with the minutes to each test top-1 level
   of TOP1_LEVELS, None: `study.TOP1_LEVELS`), whose paths go to RESULT.
-  PUBLISH, (path, title, command line), also writes the report as a result
-  file of docs/results there (`study.published`), its path checked first.
+  PUBLISH, (--publish's path as typed, title, command line), also writes
+  the report as a result file of docs/results there (`study.published`),
+  the path checked before anything trains.
 
   ECHO receives the progress (`study.run_study`). SIGTERM or Ctrl-C stops
   the study with one line and the signal's exit status once the current run
@@ -35,7 +36,9 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
   top1_levels = top1_levels or study_lib.TOP1_LEVELS
   files.prepare_output_dir(output_dir)  # Before hours of training, not after.
   if publish:
-    files.check_output_file(publish[0], f"--publish={publish[0]}")
+    typed, title, command = publish
+    publish_path = cli.resolve_path(typed)
+    files.check_output_file(publish_path, f"--publish={typed}")
   try:
     if report_only:
       results = study_lib.collect(study, output_dir, arms=arms, seeds=seeds,
@@ -53,12 +56,11 @@ def study_command(name, output_dir, *, dataset, epochs, data_dir=None,
                                precision=precision).values():
     result(path)
   if publish:
-    path, title, command = publish
     data = study_lib.published(results, title=title, command=command,
                                base_dir=cli.resolve_path("."))
     # What results_tables will read back: a value it would refuse is
     # refused here, before the file lands in docs/results.
-    results_tables.check(data, path)
+    results_tables.check(data, publish_path)
     files.write_text_atomically(
-        path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-    result(path)
+        publish_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    result(publish_path)
