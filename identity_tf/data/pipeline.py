@@ -37,6 +37,11 @@ from identity_tf.data import tfds_data
 # reshuffled every epoch.
 _IMAGENET_SHUFFLE_BUFFER = 512
 
+# Every map function as written, without AutoGraph (which tf.data applies by
+# default): none branches on a tensor in Python, and converting them cost
+# every run's start a fraction of a second.
+_NOT_CONVERTED = tf.autograph.experimental.do_not_convert
+
 
 def _shard_layout(input_context, batch_size):
   """(pipeline id, pipelines, replicas per pipeline, global batch)."""
@@ -86,10 +91,10 @@ def _in_memory_dataset(images, labels, batch_size, preprocessing, *, training,
     stop = (pipeline + 1) * count // pipelines
     ds = tf.data.Dataset.range(start, stop).batch(batch_size)
     return ds.map(
-        lambda indices: (
+        _NOT_CONVERTED(lambda indices: (
             prep.preprocess_for_eval(tf.gather(images, indices),
                                      preprocessing),
-            tf.gather(labels, indices)),
+            tf.gather(labels, indices))),
         num_parallel_calls=tf.data.AUTOTUNE)
 
   if count < global_batch:
@@ -117,7 +122,7 @@ def _in_memory_dataset(images, labels, batch_size, preprocessing, *, training,
   # Resuming at START_STEP costs nothing: positions are computed, not read.
   ds = tf.data.Dataset.counter(start=start_step * local_batch_span,
                                dtype=tf.int64)
-  ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(_NOT_CONVERTED(example), num_parallel_calls=tf.data.AUTOTUNE)
   return ds.batch(batch_size, drop_remainder=True)
 
 
@@ -150,19 +155,19 @@ def _streaming_dataset(builder, split, batch_size, preprocessing, *,
   length = end - start
 
   if not training:
-    ds = ds.map(lambda ex: (prep.eval_one(ex[tfds_data.IMAGE], preprocessing),
-                            tf.cast(ex[tfds_data.LABEL], tf.int32)),
+    ds = ds.map(_NOT_CONVERTED(
+        lambda ex: (prep.eval_one(ex[tfds_data.IMAGE], preprocessing),
+                    tf.cast(ex[tfds_data.LABEL], tf.int32))),
                 num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=False)
 
   # The example's identity for its augmentation seed: a hash of its TFDS id
   # ("<file>__<record>"), which does not depend on the read order.
-  ds = ds.map(lambda ex: (ex[tfds_data.IMAGE],
-                          tf.cast(ex[tfds_data.LABEL], tf.int32),
-                          tf.strings.to_hash_bucket_fast(ex["tfds_id"],
-                                                         2**62)))
+  ds = ds.map(_NOT_CONVERTED(
+      lambda ex: (ex[tfds_data.IMAGE], tf.cast(ex[tfds_data.LABEL], tf.int32),
+                  tf.strings.to_hash_bucket_fast(ex["tfds_id"], 2**62))))
   ds = ds.repeat().enumerate()
-  ds = ds.map(lambda position, ex: (*ex, position // length))
+  ds = ds.map(_NOT_CONVERTED(lambda position, ex: (*ex, position // length)))
   ds = ds.shuffle(_IMAGENET_SHUFFLE_BUFFER, seed=seed,
                   reshuffle_each_iteration=True)
   if start_step:
@@ -174,7 +179,7 @@ def _streaming_dataset(builder, split, batch_size, preprocessing, *,
     seeds = prep.example_seeds(seed, index, epoch, 2)
     return prep.augment_imagenet(image, preprocessing, seeds), label
 
-  ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(_NOT_CONVERTED(example), num_parallel_calls=tf.data.AUTOTUNE)
   return ds.batch(batch_size, drop_remainder=True)
 
 

@@ -898,7 +898,8 @@ def tfds_arrays(builder, split, stop, image_shape):
   ds = builder.as_dataset(split=f"{split}[:{stop}]", shuffle_files=False,
                           read_config=tfds.ReadConfig(
                               interleave_cycle_length=1))
-  ds = ds.map(lambda ex: (ex[IMAGE], tf.cast(ex[LABEL], tf.int32)),
+  ds = ds.map(tf.autograph.experimental.do_not_convert(
+      lambda ex: (ex[IMAGE], tf.cast(ex[LABEL], tf.int32))),
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   images, labels = [], []
   for image_batch, label_batch in ds.batch(4096).as_numpy_iterator():

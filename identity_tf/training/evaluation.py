@@ -47,7 +47,7 @@ def make_evaluator(model, dataset, info, preprocessing, *, data_dir=None,
       validation_examples=validation_examples, held_out=held_out)
   top_k = min(5, info.num_classes)
 
-  @tf.function
+  @tf.function(autograph=False)  # As `step.make_train_step`'s.
   def batch_sums(images, labels):
     logits = model(images, training=False)
     loss = keras.losses.sparse_categorical_crossentropy(
