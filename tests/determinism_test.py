@@ -101,14 +101,14 @@ class DeterminismTest(absltest.TestCase):
     self.assert_same_tensors(computed(_tensors(first)),
                              computed(_tensors(resumed)))
     self.assertEqual(_records(first, after=10), _records(resumed, after=10))
-    # What makes it so: op determinism on, Grappler's arithmetic optimizer
-    # off (`trainer.make_deterministic` says why; the networks here are
-    # too small to show its drift), and the input pipeline keeping its
-    # order (`tf.data.Options.deterministic`), for this run's stream.
+    # What makes it so: op determinism on, Grappler off
+    # (`trainer.make_deterministic` says why; the networks here are too
+    # small to show its drift), and the input pipeline keeping its order
+    # (`tf.data.Options.deterministic`), for this run's stream.
     from tensorflow.python.framework import config as tf_config  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
     self.assertTrue(tf_config.is_op_determinism_enabled())
     self.assertIs(tf.config.optimizer.get_experimental_options().get(
-        "arithmetic_optimization"), False)
+        "disable_meta_optimizer"), True)
     for deterministic in (True, False):
       stream = trainer.Trainer(
           run_lib.prepare(configs.override(config,

@@ -433,21 +433,22 @@ def train(config, model_dir, *, data_dir=None, strategy=None, tpu=None,
 def make_deterministic():
   """What --deterministic asks of TensorFlow, for the whole process and
   before any step is traced: every op a deterministic kernel or an error
-  (`tf.config.experimental.enable_op_determinism`), and Grappler's
-  arithmetic optimizer off.
+  (`tf.config.experimental.enable_op_determinism`), and Grappler off.
 
-  Op determinism alone does not give bit-identical reruns of the deeper
-  networks. With the arithmetic optimizer rewriting the training step's
-  graph, `cifar10_ws` at width 0.25 (9 units per stage) repeated one step
-  from one saved state gave a different result almost every time from
-  some states on (a few elements of a few conv kernels, in the last bits),
-  with threads, oneDNN and the input ruled out; with that one Grappler
-  pass off, the repeats agree. Its rewrites are for speed only, and
-  Grappler's other passes leave the step repeatable.
+  Op determinism alone does not give bit-identical reruns. With Grappler
+  rewriting the training step's graph, two processes running one command
+  drift apart in the last bits of the weights: `cifar10_ws` at width 0.25
+  within 100 steps (from some saved states on, almost every repeat of one
+  step differed; the arithmetic optimizer was that one's cause), and
+  `cifar10_ws_bn` at width 0.125 from the first steps with the arithmetic
+  optimizer off -- and with every pass that can be named switched off, but
+  not with the meta-optimizer disabled (Zen 4; threads and oneDNN ruled
+  out). Its rewrites are for speed only: without them the step of
+  `cifar10_ws` at width 0.125 costs about 3 % more (BENCHMARKS.md).
   """
   tf.config.experimental.enable_op_determinism()
   tf.config.optimizer.set_experimental_options(
-      {"arithmetic_optimization": False})
+      {"disable_meta_optimizer": True})
 
 
 # What TensorFlow says when, under op determinism, an op has no
