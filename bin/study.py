@@ -6,7 +6,9 @@
 
 Each run of the grid trains in OUTPUT_DIR/<arm>/seed<k> (a model_dir of
 //bin:train): re-running the command resumes an interrupted run and skips
-finished ones, so a study can span sessions (run it with nohup); a run
+finished ones, so a study can span sessions (run it with nohup), and with
+--records=DIR machines (DIR keeps each finished run's record, restored into
+an --output_dir that lacks it); a run
 directory there that holds other settings (another --epochs or --precision,
 or an arm since redefined) is refused before anything trains. A run that
 diverges is recorded with the step of its first NaN. At the end (and with
@@ -77,6 +79,12 @@ flags.DEFINE_string("publish", None, "Also write the report as a result "
                     "runs, the CPUs the runs trained on, and this command "
                     "without --publish, --title and --report_only, as the "
                     "one that makes the runs. Needs --title.")
+flags.DEFINE_string("records", None, "Also keep each finished run's "
+                    "record (config.json and metrics.jsonl, no checkpoint) "
+                    "in DIR/<arm>/seed<k>, and first restore into "
+                    "--output_dir the runs recorded there that it lacks: "
+                    "they are skipped and reported as they ran, so that a "
+                    "study can go on on another machine.")
 flags.DEFINE_string("title", None, "With --publish: the file's title, one "
                     "line.")
 flags.mark_flag_as_required("study")
@@ -90,7 +98,8 @@ flags.register_multi_flags_validator(
 # The flags that make the runs: a published file's command is these, as
 # given.
 _RUN_FLAGS = ("study", "dataset", "data_dir", "epochs", "width", "precision",
-              "output_dir", "arms", "seeds", "deterministic", "top1_levels")
+              "output_dir", "arms", "seeds", "deterministic", "top1_levels",
+              "records")
 # --help lists the flags this binary takes from cli with its own.
 flags.adopt_module_key_flags(cli)
 
@@ -108,6 +117,7 @@ def main(argv):
         arms=FLAGS.arms, seeds=FLAGS.seeds or None,
         deterministic=FLAGS.deterministic,
         report_only=FLAGS.report_only, top1_levels=FLAGS.top1_levels,
+        records=cli.path(FLAGS.records),
         publish=FLAGS.publish and (FLAGS.publish, FLAGS.title,
                                    _command_line()))
 

@@ -606,6 +606,74 @@ class RunStudyTest(absltest.TestCase):
     self._check_curves_come_from_the_records(output_dir, run)
     self._check_published(output_dir, results)
     self._check_a_second_command(output_dir, results, run)
+    self._check_records(output_dir)
+
+  def _check_records(self, output_dir):
+    # Every finished run's config.json and metrics.jsonl, byte for byte,
+    # and nothing else; a run that has not ended is left out.
+    pending = study.model_dir_of(output_dir, TINY_STUDY.arms[0], 7)
+    os.makedirs(pending)
+    with open(os.path.join(pending, metrics.METRICS_FILE), "w") as f:
+      f.write(json.dumps({"step": 0, "start": True, "time": 1.0}) + "\n")
+    records = self.create_tempdir().full_path
+    kept = study.keep_records(TINY_STUDY, output_dir, records)
+    finished = [("smoke", "smoke", 0), ("smoke", "smoke", 1),
+                ("huge/lr", "huge_lr", 0)]
+    self.assertEqual([(arm.name, seed) for arm, seed in kept],
+                     [(name, seed) for name, _, seed in finished])
+    found = sorted(os.path.relpath(os.path.join(root, name), records)
+                   for root, _, names in os.walk(records) for name in names)
+    self.assertEqual(found, sorted(
+        os.path.join(directory, f"seed{seed}", name)
+        for _, directory, seed in finished
+        for name in ("config.json", metrics.METRICS_FILE)))
+    for name in found:
+      with open(os.path.join(records, name), "rb") as copy, open(
+          os.path.join(output_dir, name), "rb") as original:
+        self.assertEqual(copy.read(), original.read(), name)
+    # Restored into an empty directory, on "another machine": nothing
+    # trains, and the report is the one the runs themselves give.
+    elsewhere = self.create_tempdir().full_path
+    lines = []
+    again = study.run_study(TINY_STUDY, elsewhere, dataset="synthetic",
+                            epochs=0.2, records_dir=records,
+                            echo=lines.append)
+    self.assertEqual(lines, [
+        "smoke seed 0: restored from " + records,
+        "smoke seed 1: restored from " + records,
+        "huge/lr seed 0: restored from " + records,
+        "[1/2] smoke seed 0: done earlier, skipped",
+        "[2/2] huge/lr seed 0: diverged earlier, skipped"])
+    def without_model_dirs(results):
+      return [[{k: v for k, v in run.items() if k != "model_dir"}
+               for run in arm["runs"]] for arm in results["arms"]]
+    self.assertEqual(without_model_dirs(again), without_model_dirs(
+        study.collect(TINY_STUDY, output_dir, seeds=[0, 1])))
+    # A run that ends is kept at once, before the study's end.
+    collect = study.collect
+    def kept_at_end(*args, **kwargs):
+      self.assertTrue(os.path.exists(os.path.join(
+          records, "smoke", "seed2", metrics.METRICS_FILE)))
+      return collect(*args, **kwargs)
+    with mock.patch.object(study, "collect", kept_at_end):
+      study.run_study(TINY_STUDY, elsewhere, dataset="synthetic", epochs=0.2,
+                      arms=["smoke"], seeds=[2], records_dir=records)
+    for name in ("config.json", metrics.METRICS_FILE):
+      with open(os.path.join(records, "smoke", "seed2", name), "rb") as copy, \
+          open(os.path.join(elsewhere, "smoke", "seed2", name), "rb") as run:
+        self.assertEqual(copy.read(), run.read(), name)
+    # A run started in the output directory is its own: not overwritten;
+    # a finished run it lacks is restored.
+    with open(os.path.join(pending, metrics.METRICS_FILE)) as f:
+      before = f.read()
+    shutil.copytree(os.path.join(records, "smoke", "seed0"),
+                    os.path.join(records, "smoke", "seed7"))
+    self.assertEqual(
+        [(arm.name, seed) for arm, seed in
+         study.restore_records(TINY_STUDY, records, output_dir)],
+        [("smoke", 2)])
+    with open(os.path.join(pending, metrics.METRICS_FILE)) as f:
+      self.assertEqual(f.read(), before)
 
   def _check_published(self, output_dir, results):
     # As a result file of docs/results: the same runs, each model_dir
@@ -778,12 +846,14 @@ class RunStudyTest(absltest.TestCase):
       self.assertEqual(result.returncode, 1)
       self.assertIn(line, result.stderr)
     home = os.path.expanduser("~")
+    records = os.path.join(self.create_tempdir().full_path, "records")
     result = testing.run_binary("study", "--study=smoke", "--report_only",
                                 "--dataset=synthetic", "--top1_levels=0.9234",
                                 "--top1_levels=0.5",
                                 f"--output_dir={output_dir}",
                                 f"--data_dir={home}/never read",
                                 f"--publish={published}",
+                                f"--records={records}",
                                 "--title=One run, unfinished", check=True)
     self.assertEqual(result.stdout.split("\n")[:-1],
                      [os.path.join(output_dir, name)
@@ -797,8 +867,12 @@ class RunStudyTest(absltest.TestCase):
     self.assertEqual(data["commands"], {"smoke": (
         "./bazelw run //bin:study -- --study=smoke --dataset=synthetic "
         f"--data_dir=$HOME/'never read' --output_dir={output_dir} "
-        "--top1_levels=0.9234 --top1_levels=0.5")})
+        f"--top1_levels=0.9234 --top1_levels=0.5 --records={records}")})
     self.assertEqual(data["title"], "One run, unfinished")
+    # The records keep finished runs only: the directory, made, is empty.
+    self.assertEqual(os.listdir(records), [])
+    self.assertIn(f"the records of 0 finished run(s) are in {records}",
+                  result.stderr)
     with open(os.path.join(output_dir, study.RESULTS_MARKDOWN)) as f:
       text = f.read()
     # One run has started, and not finished; the arms never run are not

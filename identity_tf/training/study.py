@@ -11,7 +11,11 @@ run's metrics.jsonl, its one record: how it ended, its wall time and its
 curves -- and `write_report` turns it into results.json,
 results.md (a markdown table) and curves.png (training loss and test top-1
 against the step, one line per arm), given the settings it ran with
-(`report`); `published` makes it a result file of docs/results.
+(`report`); `published` makes it a result file of docs/results. A
+finished run's record -- config.json and metrics.jsonl, what a report reads
+of it -- can be kept apart (`keep_records`) and restored into another
+output directory, on another machine (`restore_records`), where it counts
+as the finished run it was.
 //bin:study's orchestration is `commands.study`.
 
 A study that holds out training images (`studies.Study.validation_examples`)
@@ -33,6 +37,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import numpy as np
 
@@ -216,10 +221,15 @@ def runs_of(study, arms=None, seeds=None):
 def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
               width=None, precision=None, arms=None, seeds=None,
               deterministic=None, top1_levels=TOP1_LEVELS,
-              echo=lambda line: None):
+              records_dir=None, echo=lambda line: None):
   """Trains every run of STUDY that has not finished; returns `collect`'s
   (with TOP1_LEVELS) of every run in OUTPUT_DIR, this call's and earlier
   ones' with other ARMS or SEEDS.
+
+  RECORDS_DIR, if given, holds the records of finished runs
+  (`keep_records`): the runs recorded there and not started in OUTPUT_DIR
+  are restored (`restore_records`) and skipped, and each run's record is
+  kept there as soon as it ends.
 
   ARMS (names) and SEEDS restrict the grid; DETERMINISTIC (None: the
   study's) makes every run op-deterministic. ECHO receives one progress line
@@ -246,12 +256,79 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
            model_dir_of(output_dir, arm, seed),
            f"[{number}/{len(grid)}] {arm.name} seed {seed}")
           for number, (arm, seed) in enumerate(grid, 1)]
+  if records_dir:
+    for arm, seed in restore_records(study, records_dir, output_dir, arms,
+                                     seeds):
+      echo(f"{arm.name} seed {seed}: restored from {records_dir}")
   for config, model_dir, name in runs:
     _check_same_run(config, model_dir, name)  # Before any training.
-  for config, model_dir, name in runs:
+  for (arm, seed), (config, model_dir, name) in zip(grid, runs):
     _train_run(config, model_dir, name, data_dir, echo)
     keras.backend.clear_session()  # Each run builds its own model.
+    if records_dir:
+      keep_records(study, output_dir, records_dir, [arm.name], [seed])
   return collect(study, output_dir, top1_levels=top1_levels)
+
+
+def _finished(model_dir):
+  """Whether the run in MODEL_DIR has ended ("done" or "diverged")."""
+  from identity_tf.training import metrics  # pylint: disable=g-import-not-at-top
+  return run_status(model_dir, metrics.read(model_dir))["status"] in (
+      "done", "diverged")
+
+
+def _record_files():
+  """What a study reads of a run (`_run_results`, `run_status`,
+  `_check_same_run`): its config.json and metrics.jsonl."""
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import config_file
+  from identity_tf.training import metrics
+  # pylint: enable=g-import-not-at-top
+  return (config_file.CONFIG_FILE, metrics.METRICS_FILE)
+
+
+def _copy_record(source_dir, target_dir, flag):
+  """SOURCE_DIR's run record (`_record_files`) into TARGET_DIR, each file
+  whole (`files.write_atomically`)."""
+  files.prepare_output_dir(target_dir, flag)
+  for name in _record_files():
+    files.write_atomically(
+        os.path.join(target_dir, name),
+        lambda temporary, name=name: shutil.copyfile(
+            os.path.join(source_dir, name), temporary))
+
+
+def keep_records(study, output_dir, records_dir, arms=None, seeds=None):
+  """Copies the record of every finished run of STUDY in OUTPUT_DIR -- its
+  config.json and metrics.jsonl, everything a report reads of it and no
+  checkpoint, a few hundred kB -- to RECORDS_DIR/<arm>/seed<k>, replacing
+  what is there; returns [(arm, seed)] copied. A run that has not ended is
+  left out: without its checkpoints it could not go on elsewhere."""
+  kept = []
+  for arm, seed in runs_started(study, output_dir, arms, seeds):
+    model_dir = model_dir_of(output_dir, arm, seed)
+    if _finished(model_dir):
+      _copy_record(model_dir, model_dir_of(records_dir, arm, seed),
+                   "--records")
+      kept.append((arm, seed))
+  return kept
+
+
+def restore_records(study, records_dir, output_dir, arms=None, seeds=None):
+  """Copies every finished run recorded in RECORDS_DIR (`keep_records`)
+  into OUTPUT_DIR where it has no run of that arm and seed; returns
+  [(arm, seed)] restored. `run_study` then skips them as finished and
+  `collect` reports them as they ran, on whichever machine: a study can
+  span machines that share only the records. A run started in OUTPUT_DIR
+  is left to go on."""
+  restored = []
+  for arm, seed in runs_started(study, records_dir, arms, seeds):
+    record, model_dir = (model_dir_of(records_dir, arm, seed),
+                         model_dir_of(output_dir, arm, seed))
+    if not os.path.exists(model_dir) and _finished(record):
+      _copy_record(record, model_dir, "--output_dir")
+      restored.append((arm, seed))
+  return restored
 
 
 def _check_same_run(config, model_dir, name):
