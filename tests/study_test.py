@@ -12,6 +12,7 @@ import os
 import shutil
 import statistics
 from unittest import mock
+import warnings
 
 from absl.testing import absltest
 
@@ -207,6 +208,26 @@ class CurvesFigureTest(absltest.TestCase):
                                                   "runs": runs[:1]}]})
     self.assertEqual([ys for label, ys, _ in drawn if "top-1" in label],
                      [[80.0, 90.0]])
+
+  def test_a_run_that_diverged_before_any_point_is_named(self):
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    from matplotlib import axes as axes_lib  # pylint: disable=g-import-not-at-top
+    early = _run(0, "diverged", [], nan_step=18)
+    early["curves"]["train_loss"] = []
+    texts = []
+    original = axes_lib.Axes.text
+    def text(axes, x, y, words, *args, **kwargs):
+      texts.append((axes.get_ylabel(), words))
+      return original(axes, x, y, words, *args, **kwargs)
+    with mock.patch.object(axes_lib.Axes, "text", text), \
+        warnings.catch_warnings():
+      warnings.simplefilter("error")  # No empty legend.
+      study.plot_curves(
+          {"study": "s", "arms": [{"name": "big", "runs": [early]}]},
+          os.path.join(self.create_tempdir().full_path, "curves.png"))
+    self.assertEqual(texts, [("training loss", "diverged before its first "
+                              "progress line:\nbig seed 0 (step 18)")])
 
   def test_a_study_holding_images_out_draws_their_top1(self):
     runs = [_run(0, "done", [0.80, 0.90]), _run(1, "done", [0.70, 0.94])]

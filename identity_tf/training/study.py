@@ -820,8 +820,18 @@ def plot_curves(results, path):
     top1_axes.set_ylim(*limits)
   for axes in (loss_axes, top1_axes):
     axes.grid(True, alpha=0.3)
-  # The loss panel names every arm that logged a step, diverged ones too.
-  loss_axes.legend(fontsize=8, loc="upper right")
+  # The loss panel names every arm that logged a step, diverged ones too,
+  # and says which runs diverged before their first progress line: they
+  # have no point to draw.
+  if loss_axes.get_legend_handles_labels()[0]:
+    loss_axes.legend(fontsize=8, loc="upper right")
+  unseen = [f"{arm['name']} seed {run['seed']} (step {run['nan_step']})"
+            for arm in results["arms"] for run in arm["runs"]
+            if run["status"] == "diverged" and not run["curves"]["train_loss"]]
+  if unseen:
+    loss_axes.text(0.02, 0.02, "\n".join(
+        ["diverged before its first progress line:"] + unseen),
+                   transform=loss_axes.transAxes, fontsize=8)
   figure.suptitle(f"study {results['study']}")
   figure.tight_layout()
   figure.savefig(path, dpi=100)
