@@ -6,16 +6,16 @@
 
 Each run of the grid trains in OUTPUT_DIR/<arm>/seed<k> (a model_dir of
 //bin:train): re-running the command resumes an interrupted run and skips
-finished ones, so a study can span sessions (run it with nohup), and with
---records=DIR machines (DIR keeps each finished run's record, restored into
-an --output_dir that lacks it); a run
-directory there that holds other settings (another --epochs or --precision,
-or an arm since redefined) is refused before anything trains. A run that
-diverges is recorded with the step of its first NaN. At the end (and with
---report_only at any time) OUTPUT_DIR gets results.json, results.md (final
-and best test top-1, NaN steps, wall time per configuration) and curves.png,
-of every run started there: a command for one more seed or arm adds it to
-the report.
+finished ones, so a study can span sessions (run it with nohup); with
+--records=DIR it can span machines (DIR keeps each finished run's record; a
+run recorded there is restored into an --output_dir that lacks it). A run
+directory in OUTPUT_DIR that holds other settings (another --epochs or
+--precision, or an arm since redefined) is refused before anything trains.
+A run that diverges is recorded with the step of its first NaN. At the end
+(and with --report_only at any time) OUTPUT_DIR gets results.json,
+results.md (final and best test top-1, NaN steps, wall time per
+configuration) and curves.png, of every run started there: a command for
+one more seed or arm adds it to the report.
 Progress goes to stderr; the paths of the report to stdout. The studies are
 in identity_tf/studies.py (STUDIES); docs/results.md has the published ones,
 from their result files in docs/results, which --publish writes:

@@ -301,7 +301,7 @@ def _copy_record(source_dir, target_dir, flag):
 def keep_records(study, output_dir, records_dir, arms=None, seeds=None):
   """Copies the record of every finished run of STUDY in OUTPUT_DIR -- its
   config.json and metrics.jsonl, everything a report reads of it and no
-  checkpoint, a few hundred kB -- to RECORDS_DIR/<arm>/seed<k>, replacing
+  checkpoint, tens of kB -- to RECORDS_DIR/<arm>/seed<k>, replacing
   what is there; returns [(arm, seed)] copied. A run that has not ended is
   left out: without its checkpoints it could not go on elsewhere."""
   kept = []
