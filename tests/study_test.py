@@ -78,6 +78,13 @@ MADE_UP = {
     ]}
 
 
+def _without_model_dirs(results):
+  """Each arm's runs in RESULTS without their model_dir: what two reports
+  of the same runs from different directories share."""
+  return [[{k: v for k, v in run.items() if k != "model_dir"}
+           for run in arm["runs"]] for arm in results["arms"]]
+
+
 class ReportTest(absltest.TestCase):
 
   def test_markdown_table(self):
@@ -665,10 +672,7 @@ class RunStudyTest(absltest.TestCase):
         "huge/lr seed 0: restored from " + records,
         "[1/2] smoke seed 0: done earlier, skipped",
         "[2/2] huge/lr seed 0: diverged earlier, skipped"])
-    def without_model_dirs(results):
-      return [[{k: v for k, v in run.items() if k != "model_dir"}
-               for run in arm["runs"]] for arm in results["arms"]]
-    self.assertEqual(without_model_dirs(again), without_model_dirs(
+    self.assertEqual(_without_model_dirs(again), _without_model_dirs(
         study.collect(TINY_STUDY, output_dir, seeds=[0, 1])))
     # A run that ends is kept at once, before the study's end.
     collect = study.collect
@@ -717,11 +721,7 @@ class RunStudyTest(absltest.TestCase):
       for machine in arm["runs"][0]["machines"]:
         self.assertIn(machine, data["cpu"])
     self.assertIs(results_tables.check(data, "tiny.json"), data)
-    def without_model_dirs(arms):
-      return [[{k: v for k, v in run.items() if k != "model_dir"}
-               for run in arm["runs"]] for arm in arms]
-    self.assertEqual(without_model_dirs(data["arms"]),
-                     without_model_dirs(results["arms"]))
+    self.assertEqual(_without_model_dirs(data), _without_model_dirs(results))
 
   def _check_curves_come_from_the_records(self, output_dir, run):
     # Everything comes from metrics.jsonl: no study.json is written, and
