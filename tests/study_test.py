@@ -133,20 +133,24 @@ class ReportTest(absltest.TestCase):
     # Each run under the machines it trained on, with its speed there; runs
     # from before the machine was recorded say so.
     self.assertIn("images/s and minutes measured on:\n\n"
-                  "- not recorded: literal 0, half 0, half 1\n"
-                  "- A: clip 0 (100 images/s), clip 2 (140 images/s)\n"
-                  "- B: clip 1 (110 images/s), clip 2 (61 images/s)\n", text)
+                  "- not recorded: literal seed 0, half seed 0, half seed 1\n"
+                  "- A: clip seed 0 (100 images/s), clip seed 2 (140 images/s)\n"
+                  "- B: clip seed 1 (110 images/s), clip seed 2 (61 images/s)\n",
+                  text)
     self.assertEqual(study.machines_note({"arms": [MADE_UP["arms"][0]]}), "")
     # A run not started trained nowhere: not under "not recorded"; one
-    # stopped half-way did train (and is pending as well).
+    # stopped half-way did train (and is pending as well); one that ended
+    # before its first progress line trained there at no measured speed.
     not_started = {"name": "later", "runs": [
         _run(0, "done", [0.5], machines={"A": 90.0}),
         _run(1, "pending", []),
-        _run(2, "pending", [0.6], machines={"B": 80.0})]}
+        _run(2, "pending", [0.6], machines={"B": 80.0}),
+        _run(3, "diverged", [], machines={"B": None})]}
     self.assertEqual(study.machines_note({"arms": [not_started]}),
                      "images/s and minutes measured on:\n\n"
-                     "- A: later 0 (90 images/s)\n"
-                     "- B: later 2 (80 images/s)\n")
+                     "- A: later seed 0 (90 images/s)\n"
+                     "- B: later seed 2 (80 images/s), later seed 3 "
+                     "(no speed measured)\n")
     with open(paths[study.CURVES_PNG], "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
     self.assertGreater(os.path.getsize(paths[study.CURVES_PNG]), 10_000)

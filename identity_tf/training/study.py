@@ -708,7 +708,8 @@ def markdown_table(results):
 def machines_note(results):
   """Which hardware each run trained on, for the table's images/s and
   minutes: one line per machine (`machine.describe`'s) with its runs and
-  their images/s there, a run resumed elsewhere under each (the table's
+  their images/s there (none for a run that ended before its first
+  progress line), a run resumed elsewhere under each (the table's
   images/s is the median over all its machines); runs that have not
   started are left out; '' if no run recorded it."""
   runs_on = {}
@@ -719,9 +720,12 @@ def machines_note(results):
                                              run["curves"]["train_loss"]):
         continue  # Not started: it trained nowhere.
       for machine, rate in (machines or {"not recorded": None}).items():
+        if rate:
+          speed = f" ({rate:.0f} images/s)"
+        else:  # Ended before its first progress line, or from before speeds.
+          speed = " (no speed measured)" if machines else ""
         runs_on.setdefault(machine, []).append(
-            f"{arm['name']} {run['seed']}"
-            + (f" ({rate:.0f} images/s)" if rate else ""))
+            f"{arm['name']} seed {run['seed']}{speed}")
   if list(runs_on) in ([], ["not recorded"]):
     return ""
   return "images/s and minutes measured on:\n\n" + "".join(
