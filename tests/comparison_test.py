@@ -386,6 +386,43 @@ class StudyArmsTest(absltest.TestCase):
       checked.add(preset)
     self.assertEqual(checked, set(studies.PAIR))
 
+  def test_the_batch_table_is_the_batch_file(self):
+    # results.md's batch table, cell by cell, from batch.json: held-out
+    # top-1 and training-set loss of a finished run, the step of a
+    # diverged one, "not run yet" for an arm of the study the file lacks,
+    # "--" where the study has no such arm; every arm in a cell.
+    results = _result_file("batch")
+    self.assertEqual((results["study"], results["width"],
+                      results["precision"]), ("batch", 0.125, "float32"))
+    runs = {arm["name"]: arm["runs"] for arm in results["arms"]}
+    arms = {arm.name for arm in studies.STUDIES["batch"].arms}
+    table = _results_table("### Batch size (study batch)")
+    self.assertEqual([cell.strip() for cell in table[0].split("|")[2:-1]],
+                     [f"batch {size}" for size in studies.BATCHES])
+    suffixes = {"": "", ", adaptive clipping": "_agc"}
+    checked = set()
+    for line in table[2:]:
+      label, *cells = [cell.strip() for cell in line.split("|")[1:-1]]
+      preset, _, kind = label.partition("`")[2].partition("`")
+      for size, cell in zip(studies.BATCHES, cells, strict=True):
+        name = f"{preset}_batch{size}{suffixes[kind]}"
+        if name not in arms:
+          self.assertEqual(cell, "--", name)
+          continue
+        checked.add(name)
+        if name not in runs:
+          self.assertEqual(cell, "not run yet", name)
+          continue
+        (run,) = runs[name]
+        self.assertEqual(run["seed"], 0, name)
+        if run["status"] == "diverged":
+          self.assertEqual(cell, f"diverged at step {run['nan_step']}", name)
+        else:
+          self.assertEqual(run["status"], "done", name)
+          self.assertEqual(cell, f"{100 * run['final_validation_top1']:.2f} "
+                                 f"({run['train_set']['loss']:.4f})", name)
+    self.assertEqual(checked, arms)
+
   def test_tuned_and_batch_wait_for_the_rates(self):
     with mock.patch.dict(studies.TUNED_RATES, {"cifar10_ws_bn": None}):
       waiting = (studies._tuned_study(), studies._batch_study())
