@@ -3,13 +3,18 @@
     bazel run //bin:evaluate -- --model_dir=runs/smoke
     bazel run //bin:evaluate -- --model_dir=runs/c10 --checkpoint=30000
     bazel run //bin:evaluate -- --model_dir=runs/c10 --watch
+    bazel run //bin:evaluate -- --model_dir=runs/bn --held_out \
+        --reestimate_batch_norm=20480
 
 The object has global_step, dataset, loss (mean cross-entropy, without
 weight decay), top1, top5 (fractions) and examples. With --watch, every new
 checkpoint is evaluated as it appears (one JSON object per line) until
 training's last step is evaluated or no new checkpoint arrives for
 --watch_timeout seconds, like the eval mode of the 2016 tensorflow/models
-resnet. Scores also go to MODEL_DIR/eval (TensorBoard) and
+resnet. --held_out scores the training images the run held out
+(--validation_examples) instead of the test split; --reestimate_batch_norm
+first sets a batch-norm network's statistics from that many training images
+on the checkpoint's weights (precise batch norm), the checkpoint unchanged. Scores also go to MODEL_DIR/eval (TensorBoard) and
 MODEL_DIR/metrics.jsonl. Logs go to stderr.
 """
 
@@ -39,6 +44,15 @@ flags.DEFINE_integer("batch_size", 500, cli.config_help("eval_batch_size"),
                      lower_bound=1)
 flags.DEFINE_integer("num_examples", None,
                      cli.config_help("num_eval_examples"), lower_bound=1)
+flags.DEFINE_boolean("held_out", False,
+                     "Evaluate on the training images the run held out "
+                     "(its --validation_examples), not the test split.")
+flags.DEFINE_integer("reestimate_batch_norm", 0,
+                     "Batch-norm networks: first re-estimate the statistics "
+                     "on this many training images (held-out ones left "
+                     "out; whole batches of the run's --batch_size), on the "
+                     "evaluated weights, not the moving averages. 0: the "
+                     "moving averages.", lower_bound=0)
 flags.DEFINE_boolean("watch", False,
                      "Evaluate every new checkpoint as it appears.")
 flags.DEFINE_float("watch_timeout", 600.0,
@@ -74,6 +88,8 @@ def main(argv):
           model_dir, checkpoint=FLAGS.checkpoint,
           dataset=FLAGS.dataset, data_dir=data_dir,
           batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples,
+          held_out=FLAGS.held_out,
+          reestimate_batch_norm=FLAGS.reestimate_batch_norm,
           write_summaries=FLAGS.write_summaries, watch=FLAGS.watch,
           watch_timeout=FLAGS.watch_timeout,
           watch_interval=FLAGS.watch_interval,

@@ -61,7 +61,11 @@ class Study:
   top-1. DETERMINISTIC: every run with `Config.deterministic` (the binary's
   --deterministic overrides it), so that seeds pair bit for bit.
   UNAVAILABLE: why the study cannot run yet (a choice it needs has not
-  been made); None when it can.
+  been made); None when it can. REESTIMATE_BATCH_NORM > 0: every finished
+  batch-norm run is also scored on the held-out images with its statistics
+  re-estimated on that many training images (precise batch norm,
+  `evaluation.reestimate_batch_norm_statistics`), beside its moving
+  averages.
   """
   name: str
   description: str
@@ -73,6 +77,7 @@ class Study:
   selects: bool = False
   deterministic: bool = False
   unavailable: str = None
+  reestimate_batch_norm: int = 0
 
 
 
@@ -112,6 +117,11 @@ BATCH_WARMUP = 0.05
 # clip (Brock et al., 2021: lambda 0.01 at 4096, larger for smaller
 # batches).
 BATCH_AGC = 0.02
+# The training images the `batch` study re-estimates batch norm's statistics
+# on: ten batches of its largest, 160 of its smallest. Batch norm's moving
+# averages (momentum 0.99) span about 100 steps, a third of a 10-epoch run
+# at 2048 while its rate is 6.4: they lag the weights they normalise.
+BATCH_NORM_IMAGES = 20480
 
 
 def _waiting_for_rates():
@@ -171,7 +181,8 @@ def _batch_study():
       "with the rate scaled linearly and a 5 % warm-up, scored on held-out "
       "training images.",
       arms=tuple(arms), validation_examples=VALIDATION_EXAMPLES,
-      test_at_end=False, deterministic=True, unavailable=waiting)
+      test_at_end=False, deterministic=True, unavailable=waiting,
+      reestimate_batch_norm=BATCH_NORM_IMAGES)
 
 
 _LITERAL = "cifar10_paper_literal"

@@ -15,10 +15,15 @@ from unittest import mock
 import warnings
 
 from absl.testing import absltest
+import numpy as np
 
 from identity_tf import configs
 from identity_tf import errors
 from identity_tf import studies
+from identity_tf.data import datasets
+from identity_tf.data import synthetic
+from identity_tf.training import checkpoints
+from identity_tf.training import evaluation
 from identity_tf.training import metrics
 from identity_tf.training import results_tables
 from identity_tf.training import study
@@ -639,6 +644,78 @@ class RunStudyTest(absltest.TestCase):
     self._check_published(output_dir, results)
     self._check_a_second_command(output_dir, results, run)
     self._check_records(output_dir)
+
+  def test_batch_norm_runs_are_also_scored_with_reestimated_statistics(self):
+    held, images = 96, 64
+    bn_study = studies.Study(
+        "tiny_bn", "batch norm and not",
+        # Batch norm at a rate it learns something at in a few steps.
+        arms=(studies.Arm("bn", "smoke", _TINY + (("model", "resnet_bn"),
+                                                  ("learning_rate", 0.1)),
+                          description="batch norm"),
+              studies.Arm("plain", "smoke", _TINY, description="none")),
+        validation_examples=held, test_at_end=False,
+        reestimate_batch_norm=images)
+    output_dir = self.create_tempdir().full_path
+    lines = []
+    results = study.run_study(bn_study, output_dir, dataset="synthetic",
+                              epochs=0.05, echo=lines.append)
+    bn_run, plain_run = (arm["runs"][0] for arm in results["arms"])
+    self.assertIsNone(plain_run["batch_norm_reestimated"])
+    scores = bn_run["batch_norm_reestimated"]
+    steps = bn_run["curves"]["validation_top1"][-1][0]
+    # Two batches of the run's 32 training images, on the final weights;
+    # the held-out images scored.
+    self.assertEqual((scores["step"], scores["batch_norm_images"],
+                      scores["examples"]), (steps, images, held))
+    # By hand: the first 64 training images the held-out ones leave, in
+    # the run's batches, and the held-out images, standardised per image.
+    pixels, labels = synthetic.arrays(datasets.synthetic_info().train_split)
+    validation, training = datasets.held_out(len(pixels), held)
+    def standardized(x):
+      x = x.astype(np.float64)
+      mean = x.mean(axis=(1, 2, 3), keepdims=True)
+      std = np.sqrt(((x - mean) ** 2).mean(axis=(1, 2, 3), keepdims=True))
+      return ((x - mean) / np.maximum(std, 1 / np.sqrt(np.prod(
+          x.shape[1:])))).astype(np.float32)
+    def cross_entropy(logits):
+      logits = logits.astype(np.float64)
+      shifted = logits - logits.max(axis=1, keepdims=True)
+      log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+      return -log_p[np.arange(held), labels[validation]].mean()
+    model, _, step = checkpoints.restore_model(
+        study.model_dir_of(output_dir, bn_study.arms[0], 0))
+    self.assertEqual(step, steps)
+    inputs = standardized(pixels[validation])
+    moving = cross_entropy(model(inputs, training=False).numpy())
+    chosen = standardized(pixels[training[:images]])
+    evaluation.reestimate_batch_norm_statistics(model, [chosen[:32],
+                                                        chosen[32:]])
+    logits = model(inputs, training=False).numpy()
+    # The record keeps 4 significant digits.
+    self.assertAlmostEqual(scores["loss"], cross_entropy(logits),
+                           delta=1e-3 * scores["loss"])
+    self.assertAlmostEqual(
+        scores["top1"], np.mean(logits.argmax(axis=1) == labels[validation]),
+        delta=1e-4)
+    # ... and not the moving averages' (short of statistics after 15 steps).
+    self.assertGreater(abs(moving - scores["loss"]), 0.01 * scores["loss"])
+    self.assertTrue(any("held-out top-1" in line and "re-estimated on 64 "
+                        in line for line in lines))
+    # The table's column: the batch-norm arm's, none for the other.
+    rows = study.markdown_table(results).splitlines()
+    column = rows[0].strip("| ").split(" | ").index(
+        "validation top-1, batch norm's statistics re-estimated (%)")
+    self.assertEqual([row.strip("| ").split(" | ")[column]
+                      for row in rows[2:]],
+                     [f"{100 * scores['top1']:.2f}", "--"])
+    self.assertIn("batch_norm_reestimated", results["splits"])
+    # Once: a second command neither trains nor re-estimates.
+    again = []
+    study.run_study(bn_study, output_dir, dataset="synthetic", epochs=0.05,
+                    echo=again.append)
+    self.assertEqual(again, ["[1/2] bn seed 0: done earlier, skipped",
+                             "[2/2] plain seed 0: done earlier, skipped"])
 
   def _check_records(self, output_dir):
     # Every finished run's config.json and metrics.jsonl, byte for byte,

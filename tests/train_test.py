@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import identity_tf
 from identity_tf import configs
+from identity_tf import errors
 from identity_tf import model as model_lib
 from identity_tf.data import datasets
 from identity_tf.data import synthetic
@@ -29,6 +30,7 @@ from identity_tf.data import tfds_data
 from identity_tf.training import checkpoints
 from identity_tf.training import config_file
 from identity_tf.training import diagnostics
+from identity_tf.training import evaluation
 from identity_tf.training import metrics
 from identity_tf.training import optimization
 from identity_tf.training import preemption
@@ -858,6 +860,24 @@ class InterruptionTest(testing.ProcessTestCase):
     self.assertNotIn("Traceback", result.stderr)
     self.assertStartsWith(testing.last_stderr_line(result),
                           f"error: --model_dir={empty} holds no training run")
+    # The held-out images of a run that held none out; the statistics of a
+    # network without batch norm: named, nothing recorded.
+    with open(os.path.join(self.reference_dir, "metrics.jsonl")) as f:
+      before = f.read()
+    result = testing.run_binary("evaluate", f"--model_dir={self.reference_dir}",
+                                "--held_out")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(testing.last_stderr_line(result),
+                     f"error: --held_out: {self.reference_dir} held out no "
+                     "training images (--validation_examples=0); evaluate "
+                     "the evaluation split without --held_out")
+    with self.assertRaisesRegex(errors.ConfigError,
+                                "^--reestimate_batch_norm: the network of "
+                                ".* has no batch norm"):
+      evaluation.evaluate_run(self.reference_dir, reestimate_batch_norm=64,
+                              emit=print, note=print)
+    with open(os.path.join(self.reference_dir, "metrics.jsonl")) as f:
+      self.assertEqual(f.read(), before)
     with self.assertRaisesRegex(ValueError, "no checkpoint .*ckpt-99999"):
       checkpoints.restore_model(self.reference_dir, 99999)
     _, _, step = checkpoints.restore_model(self.reference_dir, "ckpt-140")

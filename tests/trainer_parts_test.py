@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from identity_tf import configs
+from identity_tf import errors
 from identity_tf import model as model_lib
 from identity_tf.data import datasets
 from identity_tf.data import pipeline
@@ -395,6 +396,55 @@ class EvaluationTest(absltest.TestCase):
     batch_statistics = mean_cross_entropy(model(inputs, training=True).numpy())
     self.assertAlmostEqual(scores["loss"], inference, delta=1e-5 * inference)
     self.assertGreater(abs(inference - batch_statistics), 0.05 * inference)
+
+
+  def test_reestimated_statistics_are_the_batches_own(self):
+    # Precise batch norm against Keras's training mode: re-estimated on one
+    # batch, inference on that batch must normalise as training does (with
+    # the batch's own mean and variance in every layer); on two batches,
+    # each layer's statistics are the mean of the two batches' alone.
+    model = model_lib.build_model("resnet_bn", width=0.125, units=1, seed=4)
+    norms = testing.normalization_layers(model)
+    rng = np.random.default_rng(9)
+    for norm in norms:  # Moving statistics far from any batch's.
+      channels = norm.moving_mean.shape
+      norm.moving_mean.assign(rng.normal(0.5, 0.5, channels))
+      norm.moving_variance.assign(rng.uniform(0.2, 3.0, channels))
+    images, _ = synthetic.arrays(self.info.eval_split)
+    first, second = (_standardized_per_image(images[i:i + self.BATCH])
+                     for i in (0, self.BATCH))
+    before = model(first, training=False).numpy()
+
+    def statistics_of(batches):
+      self.assertEqual(
+          evaluation.reestimate_batch_norm_statistics(model, batches),
+          self.BATCH * len(batches))
+      return [(n.moving_mean.numpy(), n.moving_variance.numpy())
+              for n in norms]
+    of_first = statistics_of([first])
+    inference = model(first, training=False).numpy()
+    training = model(first, training=True).numpy()  # Moves them: last.
+    np.testing.assert_allclose(inference, training, rtol=1e-4, atol=1e-4)
+    self.assertGreater(np.abs(before - training).max(), 0.1)
+    self.assertEqual({n.momentum for n in norms}, {0.99})  # Restored.
+    of_second = statistics_of([tf.constant(second)])
+    both = statistics_of(tf.data.Dataset.from_tensor_slices(
+        np.stack([first, second])))
+    for (mean_1, var_1), (mean_2, var_2), (mean, var) in zip(
+        of_first, of_second, both):
+      np.testing.assert_allclose(mean, (mean_1 + mean_2) / 2, rtol=1e-5,
+                                 atol=1e-6)
+      np.testing.assert_allclose(var, (var_1 + var_2) / 2, rtol=1e-5,
+                                 atol=1e-6)
+    # No batch: an error, and the statistics as they were.
+    with self.assertRaisesRegex(errors.DataError, "no batch of images"):
+      evaluation.reestimate_batch_norm_statistics(model, [])
+    for norm, (mean, var) in zip(norms, both):
+      np.testing.assert_array_equal(norm.moving_mean.numpy(), mean)
+      np.testing.assert_array_equal(norm.moving_variance.numpy(), var)
+    plain = model_lib.build_model("cifar10", width=0.125, units=1, seed=4)
+    with self.assertRaisesRegex(errors.ConfigError, "has no batch norm"):
+      evaluation.reestimate_batch_norm_statistics(plain, [first])
 
 
 class LoopCadenceTest(absltest.TestCase):

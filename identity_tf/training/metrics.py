@@ -122,13 +122,14 @@ class MetricsWriter:
     (`diagnostics.AbnormalSigns`) or verbose."""
     self._write(record, TRAIN_DIR, scalars, record["step"], abnormal)
 
-  def evaluation(self, step, metrics, **extra):
-    """METRICS (`evaluation.make_evaluator`'s dict) of the model at STEP;
-    EXTRA keys (e.g. the dataset) go to the record only."""
+  def evaluation(self, step, metrics, kind=EVAL_DIR, **extra):
+    """METRICS (`evaluation.make_evaluator`'s dict) of the model at STEP,
+    TensorBoard's in MODEL_DIR/KIND; EXTRA keys (e.g. the dataset) go to
+    the record only."""
     record = {"step": step, "eval": {
         name: value if isinstance(value, int) else round_value(value)
         for name, value in metrics.items()}, **extra}
-    self._write(record, EVAL_DIR,
+    self._write(record, kind,
                 {name: metrics[name] for name in EVAL_SCALARS}, step)
 
   def validation(self, step, metrics):
@@ -275,6 +276,7 @@ _FIELD_KINDS = {
     "stopped": lambda v: isinstance(v, str),
     "machine": lambda v: v is None or isinstance(v, str),
     "source": lambda v: isinstance(v, str),
+    "split": lambda v: isinstance(v, str), "batch_norm_images": _integer,
 }
 
 
@@ -431,6 +433,18 @@ def read_scalars(log_dir):
         number = float(tf.make_ndarray(value.tensor))
         scalars.setdefault(value.tag, []).append((event.step, number))
   return scalars
+
+
+def reestimated_validation(records):
+  """The last //bin:evaluate record in RECORDS of the held-out training
+  images with batch norm's statistics re-estimated (`evaluate_run`'s
+  held_out and reestimate_batch_norm): {"loss", "top1", "top5",
+  "examples", "step", "batch_norm_images"}; None if there is none."""
+  found = [r for r in records if _from_evaluate(r) and "eval" in r and
+           r.get("split") == VALIDATION and "batch_norm_images" in r]
+  return ({**found[-1]["eval"], "step": found[-1]["step"],
+           "batch_norm_images": found[-1]["batch_norm_images"]}
+          if found else None)
 
 
 def training_set_evaluation(records):

@@ -264,6 +264,9 @@ def run_study(study, output_dir, *, dataset, epochs, data_dir=None,
     _check_same_run(config, model_dir, name)  # Before any training.
   for (arm, seed), (config, model_dir, name) in zip(grid, runs):
     _train_run(config, model_dir, name, data_dir, echo)
+    if study.reestimate_batch_norm:
+      _reestimate_batch_norm(study.reestimate_batch_norm, model_dir, name,
+                             data_dir, echo)
     keras.backend.clear_session()  # Each run builds its own model.
     if records_dir:
       keep_records(study, output_dir, records_dir, [arm.name], [seed])
@@ -378,6 +381,39 @@ def _train_run(config, model_dir, name, data_dir, echo):
   echo(f"{name}: {state['status']} after {state['wall_seconds']:.0f} s")
 
 
+def _reestimate_batch_norm(images, model_dir, name, data_dir, echo):
+  """Scores the finished batch-norm run in MODEL_DIR once on its held-out
+  images with its statistics re-estimated on IMAGES training images
+  (`evaluation.evaluate_run`), which records it in metrics.jsonl for the
+  report (`metrics.reestimated_validation`). A run without batch norm, or
+  recorded without checkpoints (`restore_records`), is left as it is."""
+  # pylint: disable=g-import-not-at-top
+  from identity_tf.training import checkpoints
+  from identity_tf.training import evaluation
+  from identity_tf.training import metrics
+  from identity_tf.training import run as run_lib
+  # pylint: enable=g-import-not-at-top
+  records = metrics.read(model_dir)
+  if (run_status(model_dir, records)["status"] != "done" or
+      metrics.reestimated_validation(records) or
+      not run_lib.read(model_dir, data_dir).model_options.norm):
+    return
+  if not checkpoints.checkpoint_prefixes(model_dir):
+    echo(f"{name}: no checkpoint to re-estimate batch norm's statistics "
+         "of (a recorded run): the report leaves them out")
+    return
+  echo(f"{name}: re-estimating batch norm's statistics on {images} "
+       "training images")
+  evaluation.evaluate_run(
+      model_dir, data_dir=data_dir, held_out=True,
+      reestimate_batch_norm=images,
+      emit=lambda scores: echo(
+          f"{name}: held-out top-1 {100 * scores['top1']:.2f} % with the "
+          f"statistics re-estimated on {scores['batch_norm_images']} "
+          "training images"),
+      note=lambda line: echo(f"{name}: {line}"))
+
+
 def _run_results(model_dir, seed, top1_levels=TOP1_LEVELS):
   """What one run of a study wrote (see `collect`), and its config."""
   # pylint: disable=g-import-not-at-top
@@ -433,6 +469,10 @@ def _run_results(model_dir, seed, top1_levels=TOP1_LEVELS):
       # The whole training set evaluated once at the end: what the run
       # fitted, beside what it generalised to.
       "train_set": metrics.training_set_evaluation(records),
+      # Batch norm's held-out scores with its statistics re-estimated on
+      # the final weights (`Study.reestimate_batch_norm`).
+      "batch_norm_reestimated": (metrics.reestimated_validation(records)
+                                 if done else None),
       "best_top1": max(v for _, v in top1) if top1 else None,
       "curves": {"train_loss": metrics.training_loss_curve(records),
                  "test_top1": top1, "validation_top1": validation},
@@ -548,11 +588,17 @@ def collect(study, output_dir, arms=None, seeds=None,
 
 def splits(study):
   """Which examples each number of STUDY's results is of: {"final_top1",
-  "final_validation_top1", "train_set"} -> a phrase (results.json says it,
-  so that no number's split is left to guess)."""
+  "final_validation_top1", "train_set"[, "batch_norm_reestimated"]} -> a
+  phrase (results.json says it, so that no number's split is left to
+  guess)."""
   held = study.validation_examples
   test = ("the evaluation split (test), read once, at the end"
           if study.test_at_end or not held else "not read")
+  reestimated = ({"batch_norm_reestimated": (
+      f"the {held} held-out training images, batch norm's statistics "
+      f"re-estimated on {study.reestimate_batch_norm} of the training "
+      "images on the final weights (batch-norm arms)")}
+                 if study.reestimate_batch_norm and held else {})
   return {
       "final_top1": test,
       "final_validation_top1": (
@@ -560,6 +606,7 @@ def splits(study):
           f"(datasets.held_out, seed {datasets.VALIDATION_SEED})"
           if held else "none held out"),
       "train_set": "the training images trained on, without augmentation",
+      **reestimated,
   }
 
 
@@ -662,15 +709,19 @@ def markdown_table(results):
   reference = results.get("reference")
   validation = any(r.get("final_validation_top1") is not None
                    for arm in results["arms"] for r in arm["runs"])
+  reestimated = any(r.get("batch_norm_reestimated")
+                    for arm in results["arms"] for r in arm["runs"])
   lines = [
       "| configuration | what | seeds | final test top-1 (%) | "
       + (f"against {reference} (paired by seed) | " if reference else "")
       + ("final validation top-1 (%) | " if validation else "")
+      + ("validation top-1, batch norm's statistics re-estimated (%) | "
+         if reestimated else "")
       + "best test top-1 (%) | training-set loss | training-set top-1 (%) | "
       f"NaN at step | wall time | images/s | minutes to {levels} % "
       f"({'validation' if validation else 'test'}): wall | undisturbed |",
       "|---|---|---|---|" + ("---|" if reference else "")
-      + ("---|" if validation else "")
+      + ("---|" if validation else "") + ("---|" if reestimated else "")
       + "---|---|---|---|---|---|---|---|",
   ]
   arms = {arm["name"]: arm for arm in results["arms"]}
@@ -697,12 +748,21 @@ def markdown_table(results):
            if reference else "")
         + (f"{_summary([r.get('final_validation_top1') for r in runs])} | "
            if validation else "")
+        + (f"{_summary([_reestimated_top1(r) for r in runs])} | "
+           if reestimated else "")
         + f"{_summary([r['best_top1'] for r in runs])} | "
         f"{_training_set(runs, 'loss')} | {_training_set(runs, 'top1')} | "
         f"{', '.join(nan) or 'none'} | {wall} | {rates} | " + " | ".join(
             " / ".join(_minutes_to(runs, level, key) for level in top1_levels)
             for key in ("wall_seconds", "estimated_seconds")) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _reestimated_top1(run):
+  """RUN's held-out top-1 with batch norm's statistics re-estimated, or
+  None."""
+  scores = run.get("batch_norm_reestimated")
+  return scores["top1"] if scores else None
 
 
 def machines_note(results):
