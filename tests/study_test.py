@@ -1093,6 +1093,10 @@ class ResultsTablesTest(absltest.TestCase):
         "a negative loss": ([run(train_set={"loss": -0.1})], where +
                             '"train_set.loss" is -0.1, expected a finite '
                             "loss >= 0"),
+        "a re-estimated top-1 in %": (
+            [run(batch_norm_reestimated={"top1": 83.16})],
+            where + '"batch_norm_reestimated.top1" is 83.16, expected a '
+            "top-1 from 0 to 1"),
         "a boolean seed": ([run(seed=True)], 'arm ours: a run\'s "seed" is '
                            "true (a boolean), expected a whole number"),
         "an infinite wall time": ([run(wall_minutes=float("inf"))],

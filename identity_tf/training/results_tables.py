@@ -109,6 +109,7 @@ _RUN_NUMBERS = (
     ("wall_minutes", 0, None, "minutes >= 0"),
     ("wall_seconds", 0, None, "seconds >= 0"),
 )
+# An evaluation's scores (`train_set`, `batch_norm_reestimated`).
 _TRAIN_SET = (("loss", 0, None, "a finite loss >= 0"),
               ("top1", 0, 1, "a top-1 from 0 to 1"),
               ("top5", 0, 1, "a top-5 from 0 to 1"))
@@ -176,14 +177,18 @@ def _check_run(run, where, bad):
     bad(where, f'"nan_step" is {_kind(nan_step)}, expected a step or null')
   if status == "diverged" and run.get("final_top1") is not None:
     bad(where, 'the run "diverged" but has a "final_top1", expected null')
-  train_set = run.get("train_set")
-  if train_set is not None:
-    if not isinstance(train_set, dict):
-      bad(where, f'"train_set" is {_kind(train_set)}, expected an object')
+  # The scores of one evaluation: the training set's, and the held-out
+  # images' with batch norm's statistics re-estimated.
+  for key in ("train_set", "batch_norm_reestimated"):
+    scores = run.get(key)
+    if scores is None:
+      continue
+    if not isinstance(scores, dict):
+      bad(where, f'"{key}" is {_kind(scores)}, expected an object')
     for field, low, high, what in _TRAIN_SET:
-      value = train_set.get(field)
+      value = scores.get(field)
       if value is not None and not _number(value, low, high):
-        bad(where, f'"train_set.{field}" is {_kind(value)}, expected {what}')
+        bad(where, f'"{key}.{field}" is {_kind(value)}, expected {what}')
 
 
 def curves_of(data, name, arm_names):
