@@ -388,7 +388,8 @@ class StudyArmsTest(absltest.TestCase):
 
   def test_the_batch_table_is_the_batch_file(self):
     # results.md's batch table, cell by cell, from batch.json: held-out
-    # top-1 and training-set loss of a finished run, the step of a
+    # top-1 and training-set loss of a finished run (in the row of
+    # re-estimated statistics, its held-out top-1 with them), the step of a
     # diverged one, "not run yet" for an arm of the study the file lacks,
     # "--" where the study has no such arm; every arm in a cell.
     results = _result_file("batch")
@@ -399,13 +400,22 @@ class StudyArmsTest(absltest.TestCase):
     table = _results_table("### Batch size (study batch)")
     self.assertEqual([cell.strip() for cell in table[0].split("|")[2:-1]],
                      [f"batch {size}" for size in studies.BATCHES])
-    suffixes = {"": "", ", adaptive clipping": "_agc"}
-    checked = set()
+    suffixes = {"": "", ", adaptive clipping": "_agc",
+                ", statistics re-estimated": ""}
+    checked, reestimated = set(), set()
     for line in table[2:]:
       label, *cells = [cell.strip() for cell in line.split("|")[1:-1]]
       preset, _, kind = label.partition("`")[2].partition("`")
       for size, cell in zip(studies.BATCHES, cells, strict=True):
         name = f"{preset}_batch{size}{suffixes[kind]}"
+        if kind == ", statistics re-estimated" and name in runs:
+          (run,) = runs[name]
+          reestimated.add(name)
+          scores = run["batch_norm_reestimated"]
+          self.assertEqual(
+              cell, f"diverged at step {run['nan_step']}" if not scores
+              else f"{100 * scores['top1']:.2f}", name)
+          continue
         if name not in arms:
           self.assertEqual(cell, "--", name)
           continue
@@ -422,6 +432,10 @@ class StudyArmsTest(absltest.TestCase):
           self.assertEqual(cell, f"{100 * run['final_validation_top1']:.2f} "
                                  f"({run['train_set']['loss']:.4f})", name)
     self.assertEqual(checked, arms)
+    # The row of re-estimated statistics has every batch-norm run.
+    self.assertEqual(reestimated, {name for name in runs if "_bn_" in name})
+    self.assertIn(f"re-estimated on {studies.BATCH_NORM_IMAGES} ",
+                  results["splits"]["batch_norm_reestimated"])
 
   def test_tuned_and_batch_wait_for_the_rates(self):
     with mock.patch.dict(studies.TUNED_RATES, {"cifar10_ws_bn": None}):
