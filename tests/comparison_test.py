@@ -252,6 +252,8 @@ class StudyArmsTest(absltest.TestCase):
         if not found:
           continue
         with self.subTest(file=name, command=key):
+          # Paths as a reader types them: relative or under $HOME.
+          self.assertNotRegex(command, r"=/")
           self.assertIn(found.group(1), studies.STUDIES)
           each = studies.STUDIES[found.group(1)]
           arms = re.search(r"--arms=(\S+)", command)
